@@ -1,0 +1,309 @@
+"""The OScaR reference in plain PyTorch: the oracle every kernel and the Rust packer are checked against.
+
+Readable first, fast second. Shapes follow docs/LAYOUT.md: a block of one layer is `[H, n, D]`
+(KV heads, tokens, head_dim). Everything here runs on any device torch supports, CPU included.
+
+The pipeline for one block of keys/values (post-RoPE):
+
+    k_rot, v_rot = rotate(k), rotate(v)             # Walsh-Hadamard, skipped when rotation is off
+    s            = token_scales(k_rot)              # L2 norm per token (layer or head scope)
+    block        = pack_block(k_rot, v_rot, s)      # per-channel K / per-token V, b bits, packed
+    k_bar, v_hat = unpack_block(block)              # dequantized, still rotated, K still / s
+    logits       = s * <rotate(q), k_bar> * sm_scale
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import OscarConfig
+
+
+# --------------------------------------------------------------------------------------------
+# Walsh-Hadamard rotation
+# --------------------------------------------------------------------------------------------
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Normalized Sylvester Walsh-Hadamard transform of the last dim, in fp32.
+
+    Args:
+        x: `[..., D]`, any float dtype, D a power of two.
+    Returns:
+        `[..., D]` fp32, `H_D x` with `H_D` symmetric and orthonormal (so `hadamard(hadamard(x)) == x`
+        up to rounding). D * log2(D) additions, no matrix.
+    """
+    d = x.shape[-1]
+    if d <= 0 or d & (d - 1):
+        raise ValueError(f"hadamard needs a power-of-two last dim, got {d}")
+    lead = x.shape[:-1]
+    y = x.to(torch.float32).reshape(-1, d)
+    h = 1
+    while h < d:
+        # Pair element i with i + h inside blocks of 2h: Sylvester ordering.
+        y = y.view(-1, d // (2 * h), 2, h)
+        a, b = y[:, :, 0, :], y[:, :, 1, :]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    return (y.reshape(*lead, d) * (1.0 / math.sqrt(d))).contiguous()
+
+
+def hadamard_matrix(d: int) -> torch.Tensor:
+    """The dense `[d, d]` fp32 normalized Hadamard matrix (for tests and documentation)."""
+    return hadamard(torch.eye(d))
+
+
+# --------------------------------------------------------------------------------------------
+# Token scaling
+# --------------------------------------------------------------------------------------------
+
+
+def token_scales(k: torch.Tensor, scope: str = "layer") -> torch.Tensor:
+    """Omni-token scale s_t: the L2 norm of each token's keys, zero norms replaced by 1.
+
+    Args:
+        k: `[H, n, D]` keys of one layer (rotation does not change the norm).
+        scope: "layer" (norm over all heads and channels) or "head" (per head).
+    Returns:
+        `[n, 1]` (layer) or `[n, H]` (head) fp32.
+    """
+    kf = k.to(torch.float32)
+    if scope == "layer":
+        s = torch.sqrt((kf * kf).sum(dim=(0, 2)))[:, None]
+    elif scope == "head":
+        s = torch.sqrt((kf * kf).sum(dim=2)).transpose(0, 1).contiguous()
+    else:
+        raise ValueError(f"norm scope must be 'layer' or 'head', got {scope!r}")
+    return torch.where(s > 0, s, torch.ones_like(s))
+
+
+def _broadcast_scale(s: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """`[n, S]` token scales -> `[H, n, 1]` to divide / multiply keys."""
+    if s.shape[1] == 1:
+        return s.transpose(0, 1)[:, :, None].expand(num_heads, -1, 1)
+    if s.shape[1] != num_heads:
+        raise ValueError(f"token scales have {s.shape[1]} columns, expected 1 or {num_heads}")
+    return s.transpose(0, 1)[:, :, None]
+
+
+# --------------------------------------------------------------------------------------------
+# Quantizer (docs/LAYOUT.md section 1) and packing (section 2)
+# --------------------------------------------------------------------------------------------
+
+
+def quantize_groups(x: torch.Tensor, bits: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric min/max round-to-nearest quantization; a group is the whole of axis `dim`.
+
+    Args:
+        x: fp32 tensor, finite.
+        bits: 2 or 4.
+        dim: the group axis.
+    Returns:
+        `(q, scale_h, offset_h)`: q uint8 codes shaped like x; scale/offset fp16 with `dim` kept as 1.
+        Dequantize as `q * scale_h.float() + offset_h.float()`.
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"quantize_groups wants fp32 input, got {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("cannot quantize NaN or Inf (the KV entering the cache is not finite)")
+    qmax = float((1 << bits) - 1)
+    lo = x.amin(dim=dim, keepdim=True)
+    hi = x.amax(dim=dim, keepdim=True)
+    normal = hi > lo
+    scale = torch.where(normal, (hi - lo) / qmax, torch.zeros_like(lo))
+    safe = torch.where(normal, scale, torch.ones_like(scale))
+    zero = torch.round(-lo / safe)
+    q = torch.clamp(torch.round(x / safe) + zero, 0.0, qmax)
+    q = torch.where(normal, q, torch.zeros_like(q))
+    offset = torch.where(normal, (-zero) * scale, lo)
+    return q.to(torch.uint8), scale.to(torch.float16), offset.to(torch.float16)
+
+
+def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack uint8 codes along the last dim, little-endian inside a byte: `[..., D] -> [..., D*bits/8]`."""
+    per_byte = 8 // bits
+    d = q.shape[-1]
+    if d % per_byte:
+        raise ValueError(f"last dim {d} is not a multiple of {per_byte} codes per byte")
+    g = q.to(torch.int32).reshape(*q.shape[:-1], d // per_byte, per_byte)
+    shifts = torch.arange(per_byte, dtype=torch.int32, device=q.device) * bits
+    return (g << shifts).sum(dim=-1).to(torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `pack_codes`: `[..., B] uint8 -> [..., B*8/bits] uint8`."""
+    per_byte = 8 // bits
+    shifts = torch.arange(per_byte, dtype=torch.int32, device=packed.device) * bits
+    codes = (packed.to(torch.int32)[..., None] >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte).to(torch.uint8)
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks (a sealed page of one layer)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KBlock:
+    """Packed keys of `n` tokens of one layer (docs/LAYOUT.md section 3)."""
+
+    codes: torch.Tensor  # uint8 [H, n, D*b/8]
+    params: torch.Tensor  # fp16 [H, n/G_K, 2, D]
+    scale: torch.Tensor | None  # fp32 [n, S] or None when token scaling is off
+
+    @property
+    def num_tokens(self) -> int:
+        return self.codes.shape[1]
+
+    def nbytes(self) -> int:
+        extra = self.scale.numel() * 4 if self.scale is not None else 0
+        return self.codes.numel() + self.params.numel() * 2 + extra
+
+
+@dataclass
+class VBlock:
+    """Packed values of `n` tokens of one layer."""
+
+    codes: torch.Tensor  # uint8 [H, n, D*b/8]
+    params: torch.Tensor  # fp16 [H, n, 2, D/G_V]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.codes.shape[1]
+
+    def nbytes(self) -> int:
+        return self.codes.numel() + self.params.numel() * 2
+
+
+def pack_k(k_rot: torch.Tensor, s: torch.Tensor | None, cfg: OscarConfig) -> KBlock:
+    """Quantize and pack keys.
+
+    Args:
+        k_rot: `[H, n, D]` keys after rotation (if any), any float dtype; n a multiple of k_group.
+        s: `[n, S]` fp32 token scales, or None when token scaling is off.
+    """
+    h, n, d = k_rot.shape
+    if n % cfg.k_group:
+        raise ValueError(f"a key block of {n} tokens is not a whole number of k_group={cfg.k_group}")
+    x = k_rot.to(torch.float32)
+    if s is not None:
+        x = x / _broadcast_scale(s.to(torch.float32), h)
+    x = x.reshape(h, n // cfg.k_group, cfg.k_group, d)
+    q, sc, off = quantize_groups(x, cfg.bits, dim=2)
+    codes = pack_codes(q.reshape(h, n, d), cfg.bits)
+    params = torch.cat((sc, off), dim=2)  # [H, n/G, 2, D]
+    return KBlock(codes=codes.contiguous(), params=params.contiguous(), scale=None if s is None else s.to(torch.float32).contiguous())
+
+
+def pack_v(v_rot: torch.Tensor, cfg: OscarConfig) -> VBlock:
+    """Quantize and pack values `[H, n, D]` (after rotation, if any), per-token groups of v_group channels."""
+    h, n, d = v_rot.shape
+    x = v_rot.to(torch.float32).reshape(h, n, d // cfg.v_group, cfg.v_group)
+    q, sc, off = quantize_groups(x, cfg.bits, dim=3)
+    codes = pack_codes(q.reshape(h, n, d), cfg.bits)
+    params = torch.cat((sc[..., 0], off[..., 0]), dim=2).reshape(h, n, 2, d // cfg.v_group)
+    return VBlock(codes=codes.contiguous(), params=params.contiguous())
+
+
+def unpack_k(block: KBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
+    """Dequantized normalized keys `[H, n, D]` fp32 (still rotated, still divided by s)."""
+    h, n, _ = block.codes.shape
+    q = unpack_codes(block.codes, cfg.bits).to(torch.float32).reshape(h, n // cfg.k_group, cfg.k_group, head_dim)
+    sc = block.params[:, :, 0:1, :].to(torch.float32)
+    off = block.params[:, :, 1:2, :].to(torch.float32)
+    return (q * sc + off).reshape(h, n, head_dim)
+
+
+def unpack_v(block: VBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
+    """Dequantized values `[H, n, D]` fp32 (still rotated)."""
+    h, n, _ = block.codes.shape
+    q = unpack_codes(block.codes, cfg.bits).to(torch.float32).reshape(h, n, head_dim // cfg.v_group, cfg.v_group)
+    sc = block.params[:, :, 0, :, None].to(torch.float32)
+    off = block.params[:, :, 1, :, None].to(torch.float32)
+    return (q * sc + off).reshape(h, n, head_dim)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole transform, and attention over a quantized history
+# --------------------------------------------------------------------------------------------
+
+
+def rotate(x: torch.Tensor, cfg: OscarConfig) -> torch.Tensor:
+    """`H_D x` over the last dim when rotation is on, else x as fp32."""
+    return hadamard(x) if cfg.rotation else x.to(torch.float32)
+
+
+def seal(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig) -> tuple[KBlock, VBlock]:
+    """Rotate, scale, quantize and pack one block of post-RoPE keys and values `[H, n, D]`."""
+    cfg.check_shape(k.shape[0], k.shape[2])
+    k_rot = rotate(k, cfg)
+    s = token_scales(k_rot, cfg.norm_scope) if cfg.token_scaling else None
+    return pack_k(k_rot, s, cfg), pack_v(rotate(v, cfg), cfg)
+
+
+def restore_k(block: KBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
+    """Keys as the model sees them `[H, n, D]` fp32: dequantized, times s, un-rotated.
+
+    `q . restore_k(...)` equals `s * <H q, deq(K_bar)>`: the same logits the fused kernel computes.
+    """
+    k = unpack_k(block, cfg, head_dim)
+    if block.scale is not None:
+        k = k * _broadcast_scale(block.scale, k.shape[0])
+    return hadamard(k) if cfg.rotation else k
+
+
+def restore_v(block: VBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
+    """Values as the model sees them `[H, n, D]` fp32: dequantized, un-rotated."""
+    v = unpack_v(block, cfg, head_dim)
+    return hadamard(v) if cfg.rotation else v
+
+
+def quantize_dequantize(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round trip of one block through the packed format: what attention sees after a seal."""
+    kb, vb = seal(k, v, cfg)
+    return restore_k(kb, cfg, k.shape[2]), restore_v(vb, cfg, v.shape[2])
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_blocks: list[KBlock],
+    v_blocks: list[VBlock],
+    k_tail: torch.Tensor,
+    v_tail: torch.Tensor,
+    cfg: OscarConfig,
+    sm_scale: float,
+) -> torch.Tensor:
+    """One query step over sealed blocks plus a full-precision tail, computed the way the kernel does.
+
+    Args:
+        q: `[Hq, D]` post-RoPE queries, Hq a multiple of the KV heads H (GQA).
+        k_blocks, v_blocks: sealed history, oldest first.
+        k_tail, v_tail: `[H, t, D]` open tokens (not rotated; t may be 0).
+    Returns:
+        `[Hq, D]` fp32 attention output in the model's (un-rotated) basis.
+
+    Works in the rotated basis: logits of sealed tokens are `s * <Hq, deq(K_bar)> * sm_scale`,
+    the output is accumulated rotated and un-rotated once at the end.
+    """
+    hq, d = q.shape
+    h = k_tail.shape[0]
+    group = hq // h
+    q_rot = rotate(q, cfg).reshape(h, group, d)
+    logits, values = [], []
+    for kb, vb in zip(k_blocks, v_blocks):
+        k_bar = unpack_k(kb, cfg, d)  # [H, n, D]
+        lg = torch.einsum("hgd,hnd->hgn", q_rot, k_bar)
+        if kb.scale is not None:
+            lg = lg * _broadcast_scale(kb.scale, h).transpose(1, 2)
+        logits.append(lg)
+        values.append(unpack_v(vb, cfg, d))
+    if k_tail.shape[1]:
+        logits.append(torch.einsum("hgd,hnd->hgn", q_rot, rotate(k_tail, cfg)))
+        values.append(rotate(v_tail, cfg))
+    lg = torch.cat(logits, dim=2) * sm_scale
+    p = torch.softmax(lg, dim=-1)
+    out = torch.einsum("hgn,hnd->hgd", p, torch.cat(values, dim=1)).reshape(hq, d)
+    return rotate(out, cfg)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust (cargo test) and Python (pytest, against the installed wheel).
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+VENV=${OSCAR_VENV:-.venv}
+export OSCAR_SGL_WHEEL="$(ls dist/oscar_sgl-*.whl)"
+# One OpenMP thread per process beats two on two shared cores for the tiny shapes here.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+PYO3_PYTHON="$PWD/$VENV/bin/python" cargo test --workspace --release
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,61 @@
+import pytest
+
+from oscar_sgl import OscarConfig, OscarConfigError
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"bits": 3}, "bits must be 2 or 4"),
+        ({"bits": 8}, "bits must be 2 or 4"),
+        ({"k_group": 24}, "k_group must be a positive power of two"),
+        ({"v_group": 0}, "v_group must be a positive power of two"),
+        ({"residual": 100}, "residual must be a non-negative multiple of k_group=32"),
+        ({"residual": -32}, "residual must be a non-negative multiple"),
+        ({"norm_scope": "rank"}, "norm_scope must be 'layer' or 'head'"),
+        ({"bits": True}, "bits must be an int"),
+        ({"bits": 2.0}, "bits must be an int"),
+    ],
+)
+def test_bad_config_rejected_at_construction(kwargs, match):
+    with pytest.raises(OscarConfigError, match=match):
+        OscarConfig(**kwargs)
+
+
+def test_config_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        OscarConfig(bits=3)
+
+
+@pytest.mark.parametrize("head_dim, match", [(96, "power of two"), (48, "power of two")])
+def test_bad_head_dim_rejected(head_dim, match):
+    with pytest.raises(OscarConfigError, match=match):
+        OscarConfig().check_shape(8, head_dim)
+
+
+def test_v_group_must_divide_head_dim():
+    with pytest.raises(OscarConfigError, match="v_group=128 must divide head_dim=64"):
+        OscarConfig(v_group=128).check_shape(3, 64)
+
+
+def test_bytes_per_token_matches_spec_table():
+    # OSCAR.md §3, Llama-3.1-8B shape: 96.5 B (INT2) and 160.5 B (INT4) per token per layer.
+    assert OscarConfig(bits=2).bytes_per_token(8, 128) == pytest.approx(8 * 96.5)
+    assert OscarConfig(bits=4).bytes_per_token(8, 128) == pytest.approx(8 * 160.5)
+    assert OscarConfig(bits=2).effective_bits(8, 128) == pytest.approx(3.0156, abs=1e-4)
+    assert OscarConfig(bits=4).effective_bits(8, 128) == pytest.approx(5.0156, abs=1e-4)
+    # No token scales stored without token scaling.
+    assert OscarConfig.for_method("kivi", bits=2).effective_bits(8, 128) == pytest.approx(3.0)
+    # G_K = 128 brings INT2 to ~84 B per head (spec: "6.1x"; exactly 84.5 B, 6.06x).
+    assert OscarConfig(k_group=128).bytes_per_token(8, 128) / 8 == pytest.approx(84.5)
+
+
+def test_methods_and_flush_sizes():
+    assert OscarConfig.for_method("kivi").method == "kivi"
+    assert (OscarConfig.for_method("rotation-only").rotation, OscarConfig.for_method("rotation-only").token_scaling) == (True, False)
+    assert OscarConfig.for_method("scaling-only").method == "scaling-only"
+    with pytest.raises(OscarConfigError, match="unknown method"):
+        OscarConfig.for_method("turbo")
+    cfg = OscarConfig(residual=0)
+    assert (cfg.k_flush, cfg.v_flush) == (32, 1)
+    assert (OscarConfig().k_flush, OscarConfig().v_flush) == (128, 128)

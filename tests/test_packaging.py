@@ -1,0 +1,70 @@
+"""The wheel ships the kernels as `oscar_sgl.kernels` and never a top-level `triton_kernels`
+(SGLang imports the real package of that name for MoE)."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel CI installed (OSCAR_SGL_WHEEL), else one built now with maturin."""
+    env = os.environ.get("OSCAR_SGL_WHEEL")
+    if env:
+        return Path(env)
+    out = tmp_path_factory.mktemp("wheel")
+    maturin = Path(sys.executable).with_name("maturin")
+    subprocess.run([str(maturin), "build", "--release", "--quiet", "-o", str(out)], cwd=ROOT, check=True, timeout=900)
+    return next(out.glob("oscar_sgl-*.whl"))
+
+
+def test_kernel_sources_have_no_package_marker_at_top_level():
+    # Without __init__.py a stray `triton_kernels` folder on sys.path can never shadow the real
+    # (regular) package: Python prefers a regular package found anywhere on the path.
+    assert not (ROOT / "triton_kernels" / "__init__.py").exists()
+
+
+def test_every_kernel_module_is_linked_into_the_package():
+    sources = sorted(p.name for p in (ROOT / "triton_kernels").glob("*.py"))
+    assert sources, "no kernel sources"
+    pkg = ROOT / "python" / "oscar_sgl" / "kernels"
+    for name in sources:
+        link = pkg / name
+        assert link.is_symlink(), f"{link} must be a symlink to triton_kernels/{name}"
+        assert link.resolve() == (ROOT / "triton_kernels" / name).resolve()
+    assert (pkg / "__init__.py").is_file() and not (pkg / "__init__.py").is_symlink()
+
+
+def test_wheel_layout(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert tops == {"oscar_sgl", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    assert not any(n.startswith("triton_kernels") for n in names)
+    for src in (ROOT / "triton_kernels").glob("*.py"):
+        assert f"oscar_sgl/kernels/{src.name}" in names
+    assert "oscar_sgl/data/emma_opening.txt" in names
+    assert any(n.startswith("oscar_sgl/_core") for n in names)
+
+
+def test_installed_wheel_imports_kernels_but_no_top_level_triton_kernels(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(target), str(wheel)],
+                   check=True, timeout=300)
+    code = (
+        "import importlib.util, sys, oscar_sgl, oscar_sgl.kernels, oscar_sgl._core;"
+        f"assert oscar_sgl.__file__.startswith({str(target)!r}), oscar_sgl.__file__;"
+        "spec = importlib.util.find_spec('triton_kernels');"
+        f"assert spec is None or not str(spec.origin or list(spec.submodule_search_locations or [])).startswith({str(target)!r}), spec;"
+        "print('ok', spec)"
+    )
+    # A neutral working directory: the checkout is not on sys.path, only the installed wheel.
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(target)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok")
