@@ -110,6 +110,7 @@ def quantize_groups(x: torch.Tensor, bits: int, dim: int) -> tuple[torch.Tensor,
     if not bool(torch.isfinite(x).all()):
         raise ValueError("cannot quantize NaN or Inf (the KV entering the cache is not finite)")
     qmax = float((1 << bits) - 1)
+    x = x + 0.0  # -0.0 -> +0.0: min/max of a group holding both zeros must not depend on the reduction order
     lo = x.amin(dim=dim, keepdim=True)
     hi = x.amax(dim=dim, keepdim=True)
     normal = hi > lo

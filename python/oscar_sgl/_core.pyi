@@ -1,0 +1,97 @@
+"""Type stubs of the Rust extension `oscar_sgl._core` (checked with `python -m mypy.stubtest`).
+
+Arrays cross as little-endian `bytes` (inputs) and `bytes`/`bytearray` (outputs) with shape ints.
+Use the typed wrappers in `oscar_sgl.runtime`; errors are the classes of `oscar_sgl.errors`.
+"""
+
+from typing import final
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "NO_SLOT",
+    "OP_EXTEND",
+    "OP_DECODE",
+    "OP_ALLOC",
+    "OP_WRITE",
+    "OP_RELEASE",
+    "OP_LOCK",
+    "OP_UNLOCK",
+    "OP_SHARE",
+    "pack_k",
+    "pack_v",
+    "unpack_k",
+    "unpack_v",
+    "bytes_per_token",
+    "effective_bits",
+    "plan_memory",
+    "Runtime",
+]
+
+LAYOUT_VERSION: int
+NO_SLOT: int
+OP_EXTEND: int
+OP_DECODE: int
+OP_ALLOC: int
+OP_WRITE: int
+OP_RELEASE: int
+OP_LOCK: int
+OP_UNLOCK: int
+OP_SHARE: int
+
+def pack_k(values: bytes, *, heads: int, tokens: int, head_dim: int, bits: int, k_group: int) -> tuple[bytes, bytes]: ...
+def pack_v(values: bytes, *, heads: int, tokens: int, head_dim: int, bits: int, v_group: int) -> tuple[bytes, bytes]: ...
+def unpack_k(
+    codes: bytes, params: bytes, *, heads: int, tokens: int, head_dim: int, bits: int, k_group: int
+) -> bytes: ...
+def unpack_v(
+    codes: bytes, params: bytes, *, heads: int, tokens: int, head_dim: int, bits: int, v_group: int
+) -> bytes: ...
+def bytes_per_token(
+    *, kv_heads: int, head_dim: int, bits: int, k_group: int, v_group: int, scale_columns: int
+) -> float: ...
+def effective_bits(
+    *, kv_heads: int, head_dim: int, bits: int, k_group: int, v_group: int, scale_columns: int
+) -> float: ...
+def plan_memory(
+    *,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    staging_pages: int,
+    budget_bytes: int,
+    k_group: int,
+    v_group: int,
+    scale_columns: int,
+) -> list[tuple[str, float, int, int, int, int]]: ...
+@final
+class Runtime:
+    def __new__(
+        cls,
+        *,
+        num_pages: int,
+        page_size: int,
+        staging_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        bits: int,
+        k_group: int,
+        v_group: int,
+        scale_columns: int,
+    ) -> Runtime: ...
+    def step(self, ops: bytes, ids: bytes) -> tuple[bytearray, bytearray]: ...
+    def check(self) -> None: ...
+    def reset(self) -> None: ...
+    def page_to_staging(self) -> bytearray: ...
+    def staging_free(self) -> int: ...
+    def staging_available(self) -> int: ...
+    def page_info(self, page: int) -> tuple[str, str, int, int, int]: ...
+    def stats(self) -> dict[str, int | float]: ...
+    @property
+    def num_pages(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def staging_slots(self) -> int: ...
+    @property
+    def layout_version(self) -> int: ...

@@ -1,0 +1,435 @@
+"""Typed Python API over the Rust core (`oscar_sgl._core`): packer, memory planner, page runtime.
+
+The runtime mirrors SGLang's KV pages with their OScaR state (free / open in a BF16 staging page /
+sealed) and is driven by **one call per scheduler step**: every event of the step goes in as two
+flat int64 arrays (see :class:`EventBatch`), and the GPU work comes back as two int32 arrays: the
+seal plan (``(page, staging_slot)`` pairs to quantize after the step's forward, rows with page
+``-1`` skipped) and the changes of the page -> staging map the decode kernel reads.
+
+Only numpy is needed here; torch and SGLang are not imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _core
+from .config import LAYOUT_VERSION, OscarConfig
+
+__all__ = [
+    "EventBatch",
+    "MemoryPlanRow",
+    "OscarRuntime",
+    "PageInfo",
+    "RuntimeStats",
+    "StepResult",
+    "bytes_per_token",
+    "pack_k",
+    "pack_v",
+    "plan_memory",
+    "staging_slots_needed",
+    "unpack_k",
+    "unpack_v",
+]
+
+if _core.LAYOUT_VERSION != LAYOUT_VERSION:  # pragma: no cover - a stale build
+    raise ImportError(
+        f"oscar_sgl._core implements layout version {_core.LAYOUT_VERSION}, the Python side expects "
+        f"{LAYOUT_VERSION}: rebuild the extension (maturin develop)"
+    )
+
+IntArray = npt.NDArray[np.int64]
+Ints = Union[Sequence[int], npt.NDArray[np.integer]]
+
+OP_EXTEND = _core.OP_EXTEND
+OP_DECODE = _core.OP_DECODE
+OP_ALLOC = _core.OP_ALLOC
+OP_WRITE = _core.OP_WRITE
+OP_RELEASE = _core.OP_RELEASE
+OP_LOCK = _core.OP_LOCK
+OP_UNLOCK = _core.OP_UNLOCK
+OP_SHARE = _core.OP_SHARE
+NO_SLOT = _core.NO_SLOT
+
+
+def _i64(x: Ints) -> IntArray:
+    return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Events of one step
+# --------------------------------------------------------------------------------------------
+
+
+class EventBatch:
+    """The events of one scheduler step, in order, as the runtime's wire format.
+
+    ``ops`` holds records ``[opcode, count, args...]``; ``ids`` the page ids the records consume,
+    in order. Page ids are SGLang's (slot // page_size; page 0 is its padding page).
+    """
+
+    __slots__ = ("_ops", "_ids")
+
+    def __init__(self) -> None:
+        self._ops: list[IntArray] = []
+        self._ids: list[IntArray] = []
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def clear(self) -> None:
+        self._ops.clear()
+        self._ids.clear()
+
+    def _record(self, head: Sequence[int], args: IntArray | None, ids: IntArray) -> None:
+        rec = np.array(head, dtype=np.int64)
+        self._ops.append(rec if args is None else np.concatenate((rec, args)))
+        if ids.size:
+            self._ids.append(ids)
+
+    def extend(self, prefix_lens: Ints, seq_lens: Ints, pages: Ints) -> None:
+        """Rows write tokens ``[prefix_len, seq_len)``. ``pages``: per row with ``seq > prefix``,
+        every page the row writes, first to last (the first is the row's open page when
+        ``prefix_len`` is not page-aligned, a new one otherwise)."""
+        p, s = _i64(prefix_lens), _i64(seq_lens)
+        if p.shape != s.shape:
+            raise ValueError(f"prefix_lens {p.shape} and seq_lens {s.shape} differ")
+        self._record((OP_EXTEND, p.size), np.concatenate((p, s)), _i64(pages))
+
+    def decode(self, seq_lens: Ints, pages: Ints) -> None:
+        """Each row writes one token at ``seq_len - 1`` into its page (a new one when that position
+        starts a page)."""
+        s = _i64(seq_lens)
+        self._record((OP_DECODE, s.size), s, _i64(pages))
+
+    def alloc(self, pages: Ints) -> None:
+        """Pages handed out empty (SGLang's plain ``alloc``)."""
+        ids = _i64(pages)
+        self._record((OP_ALLOC, ids.size), None, ids)
+
+    def write(self, pages: Ints, tokens: Ints) -> None:
+        """Append ``tokens[i]`` tokens to ``pages[i]`` (positions unchecked; EXTEND/DECODE check them)."""
+        ids, n = _i64(pages), _i64(tokens)
+        if ids.shape != n.shape:
+            raise ValueError(f"pages {ids.shape} and tokens {n.shape} differ")
+        self._record((OP_WRITE, ids.size), n, ids)
+
+    def _simple(self, op: int, pages: Ints) -> None:
+        ids = _i64(pages)
+        if ids.size:
+            self._record((op, ids.size), None, ids)
+
+    def release(self, pages: Ints) -> None:
+        """Pages returned to SGLang's free list."""
+        self._simple(OP_RELEASE, pages)
+
+    def lock(self, pages: Ints) -> None:
+        """One radix-cache lock on each page (a request holds the path to its prefix)."""
+        self._simple(OP_LOCK, pages)
+
+    def unlock(self, pages: Ints) -> None:
+        self._simple(OP_UNLOCK, pages)
+
+    def share(self, pages: Ints) -> None:
+        """Pages now held by the radix cache (must be sealed)."""
+        self._simple(OP_SHARE, pages)
+
+    def arrays(self) -> tuple[IntArray, IntArray]:
+        """``(ops, ids)`` as flat int64 arrays."""
+        empty = np.empty(0, dtype=np.int64)
+        ops = np.concatenate(self._ops) if self._ops else empty
+        ids = np.concatenate(self._ids) if self._ids else empty
+        return ops, ids
+
+
+# --------------------------------------------------------------------------------------------
+# The runtime
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the GPU side does after a step.
+
+    Attributes:
+        seal_plan: ``[k, 2]`` int32 ``(page, staging_slot)``: quantize these staging pages into the
+            packed pool after this step's forward (one launch; rows with page ``-1`` are cancelled).
+        map_delta: ``[m, 2]`` int32 ``(page, slot)``: apply ``map[page] = slot`` to the device copy of
+            the page -> staging map before this step's attention (``-1``: read the packed pool).
+
+    The seal plan must be enqueued after this step's K/V writes and before the next step's forward
+    (on one stream): its staging pages are handed to other pages from the next step on.
+    """
+
+    seal_plan: npt.NDArray[np.int32]
+    map_delta: npt.NDArray[np.int32]
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """Counters for the server's metrics (see ``oscar_core::runtime::Stats``)."""
+
+    total_pages: int
+    free_pages: int
+    open_pages: int
+    sealed_pages: int
+    tree_pages: int
+    locked_pages: int
+    open_tokens: int
+    staging_capacity: int
+    staging_in_use: int
+    staging_high_water: int
+    steps: int
+    seals_last_step: int
+    seals_total: int
+    max_seals_per_step: int
+    events_total: int
+    compression_ratio: float
+    format_ratio: float
+
+
+PageState = Literal["free", "open", "sealed"]
+PageOwner = Literal["none", "request", "tree"]
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    state: PageState
+    owner: PageOwner
+    fill: int
+    slot: int
+    locks: int
+
+
+def _pairs(raw: bytearray) -> npt.NDArray[np.int32]:
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, 2)
+
+
+def staging_slots_needed(*, max_running_requests: int, max_prefill_tokens: int, page_size: int) -> int:
+    """Staging pages that can never run out.
+
+    At any time each running request holds at most one open page, and a step fills at most one page
+    per decoding request plus ``ceil(max_prefill_tokens / page_size) + rows`` prefill pages, whose
+    slots stay reserved until the next step (their seal runs after the forward).
+    """
+    prefill_pages = -(-max_prefill_tokens // page_size)
+    return 2 * (max_running_requests + prefill_pages) + 1
+
+
+class OscarRuntime:
+    """Page table + staging pool + seal planning for one KV pool (one TP rank).
+
+    Args:
+        num_pages: page ids are ``0..num_pages`` (SGLang: ``allocator.num_pages + 1``).
+        page_size: tokens per page, a multiple of ``config.k_group``.
+        staging_slots: BF16 staging pages (see :func:`staging_slots_needed`).
+        kv_heads, head_dim: layer shape (for the compression statistics).
+        config: the quantization config every sealed page is written with.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_pages: int,
+        page_size: int,
+        staging_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        config: OscarConfig,
+    ) -> None:
+        config.check_shape(kv_heads, head_dim)
+        self.config = config
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self._rt = _core.Runtime(
+            num_pages=num_pages,
+            page_size=page_size,
+            staging_slots=staging_slots,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            bits=config.bits,
+            k_group=config.k_group,
+            v_group=config.v_group,
+            scale_columns=config.scale_columns(kv_heads),
+        )
+
+    @property
+    def num_pages(self) -> int:
+        return self._rt.num_pages
+
+    @property
+    def page_size(self) -> int:
+        return self._rt.page_size
+
+    @property
+    def staging_slots(self) -> int:
+        return self._rt.staging_slots
+
+    @property
+    def layout_version(self) -> int:
+        return self._rt.layout_version
+
+    def resized(self, num_pages: int) -> "OscarRuntime":
+        """A fresh runtime with the same settings and another page count."""
+        return OscarRuntime(
+            num_pages=num_pages,
+            page_size=self.page_size,
+            staging_slots=self.staging_slots,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            config=self.config,
+        )
+
+    def step(self, batch: EventBatch) -> StepResult:
+        """Apply one step's events (raises ``EventError``, ``StagingExhausted``, ``InvariantViolation``)."""
+        ops, ids = batch.arrays()
+        return self.step_arrays(ops, ids)
+
+    def step_arrays(self, ops: IntArray, ids: IntArray) -> StepResult:
+        """:meth:`step` on prebuilt int64 arrays (the allocator's path)."""
+        plan, delta = self._rt.step(ops.astype("<i8", copy=False).tobytes(), ids.astype("<i8", copy=False).tobytes())
+        return StepResult(seal_plan=_pairs(plan), map_delta=_pairs(delta))
+
+    def check(self) -> None:
+        """Audit every invariant (O(pages)); raises ``InvariantViolation``."""
+        self._rt.check()
+
+    def reset(self) -> None:
+        """Everything free (SGLang's ``allocator.clear()``)."""
+        self._rt.reset()
+
+    def staging_free(self) -> int:
+        return self._rt.staging_free()
+
+    def staging_available(self) -> int:
+        """Staging pages the next step can open (free now + released when it starts)."""
+        return self._rt.staging_available()
+
+    def page_to_staging(self) -> npt.NDArray[np.int32]:
+        """The whole page -> staging map, int32 per page (``-1``: not in staging)."""
+        return np.frombuffer(self._rt.page_to_staging(), dtype="<i4")
+
+    def page_info(self, page: int) -> PageInfo:
+        state, owner, fill, slot, locks = self._rt.page_info(page)
+        return PageInfo(state=state, owner=owner, fill=fill, slot=slot, locks=locks)  # type: ignore[arg-type]
+
+    def stats(self) -> RuntimeStats:
+        return RuntimeStats(**self._rt.stats())  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Packer and planner
+# --------------------------------------------------------------------------------------------
+
+
+def _f32(values: npt.ArrayLike) -> tuple[bytes, tuple[int, int, int]]:
+    x = np.ascontiguousarray(values, dtype="<f4")
+    if x.ndim != 3:
+        raise ValueError(f"expected a [H, n, D] array, got shape {x.shape}")
+    h, n, d = x.shape
+    return x.tobytes(), (h, n, d)
+
+
+def pack_k(values: npt.ArrayLike, *, bits: int, k_group: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16]]:
+    """Golden key packer: ``[H, n, D]`` fp32 (already divided by s) -> codes ``[H, n, D*b/8]`` uint8,
+    params ``[H, n/k_group, 2, D]`` fp16 (docs/LAYOUT.md)."""
+    raw, (h, n, d) = _f32(values)
+    codes, params = _core.pack_k(raw, heads=h, tokens=n, head_dim=d, bits=bits, k_group=k_group)
+    return (
+        np.frombuffer(codes, dtype=np.uint8).reshape(h, n, d * bits // 8),
+        np.frombuffer(params, dtype="<f2").reshape(h, n // k_group, 2, d),
+    )
+
+
+def pack_v(values: npt.ArrayLike, *, bits: int, v_group: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16]]:
+    """Golden value packer: ``[H, n, D]`` fp32 -> codes ``[H, n, D*b/8]``, params ``[H, n, 2, D/v_group]``."""
+    raw, (h, n, d) = _f32(values)
+    codes, params = _core.pack_v(raw, heads=h, tokens=n, head_dim=d, bits=bits, v_group=v_group)
+    return (
+        np.frombuffer(codes, dtype=np.uint8).reshape(h, n, d * bits // 8),
+        np.frombuffer(params, dtype="<f2").reshape(h, n, 2, d // v_group),
+    )
+
+
+def unpack_k(codes: npt.ArrayLike, params: npt.ArrayLike, *, bits: int, k_group: int) -> npt.NDArray[np.float32]:
+    """Dequantized keys ``[H, n, D]`` fp32 from codes ``[H, n, D*b/8]`` and params."""
+    c = np.ascontiguousarray(codes, dtype=np.uint8)
+    h, n, row = c.shape
+    d = row * 8 // bits
+    out = _core.unpack_k(c.tobytes(), np.ascontiguousarray(params, dtype="<f2").tobytes(), heads=h, tokens=n, head_dim=d, bits=bits, k_group=k_group)
+    return np.frombuffer(out, dtype="<f4").reshape(h, n, d)
+
+
+def unpack_v(codes: npt.ArrayLike, params: npt.ArrayLike, *, bits: int, v_group: int) -> npt.NDArray[np.float32]:
+    """Dequantized values ``[H, n, D]`` fp32."""
+    c = np.ascontiguousarray(codes, dtype=np.uint8)
+    h, n, row = c.shape
+    d = row * 8 // bits
+    out = _core.unpack_v(c.tobytes(), np.ascontiguousarray(params, dtype="<f2").tobytes(), heads=h, tokens=n, head_dim=d, bits=bits, v_group=v_group)
+    return np.frombuffer(out, dtype="<f4").reshape(h, n, d)
+
+
+def bytes_per_token(config: OscarConfig, kv_heads: int, head_dim: int) -> float:
+    """Packed bytes per token per layer, computed by the Rust core (equals ``config.bytes_per_token``)."""
+    return _core.bytes_per_token(
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        bits=config.bits,
+        k_group=config.k_group,
+        v_group=config.v_group,
+        scale_columns=config.scale_columns(kv_heads),
+    )
+
+
+KvDtype = Literal["bf16", "fp8", "int4", "int2"]
+
+
+@dataclass(frozen=True)
+class MemoryPlanRow:
+    """What one KV storage format gets out of a byte budget.
+
+    Attributes:
+        dtype: ``bf16``, ``fp8``, ``int4`` or ``int2``.
+        bytes_per_token: over all layers, packed (BF16 staging excluded).
+        bytes_per_page: over all layers.
+        staging_bytes: BF16 staging pages (0 for bf16 / fp8).
+        pages: pages that fit, SGLang's padding page taken out.
+        tokens: ``pages * page_size``.
+    """
+
+    dtype: KvDtype
+    bytes_per_token: float
+    bytes_per_page: int
+    staging_bytes: int
+    pages: int
+    tokens: int
+
+
+def plan_memory(
+    *,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    budget_bytes: int,
+    staging_pages: int,
+    config: OscarConfig,
+) -> list[MemoryPlanRow]:
+    """Tokens that fit in ``budget_bytes`` for BF16, FP8, INT4 and INT2 (groups and token scaling
+    from ``config``; its ``bits`` is ignored: both widths are planned)."""
+    rows = _core.plan_memory(
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        staging_pages=staging_pages,
+        budget_bytes=budget_bytes,
+        k_group=config.k_group,
+        v_group=config.v_group,
+        scale_columns=config.scale_columns(kv_heads),
+    )
+    return [MemoryPlanRow(*row) for row in rows]  # type: ignore[arg-type]

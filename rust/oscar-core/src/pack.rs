@@ -1,0 +1,418 @@
+//! The golden packer: docs/LAYOUT.md §1-§3, bit for bit.
+//!
+//! Everything is IEEE-754 binary32 with round-to-nearest-even, true divisions, and the same order
+//! of operations as `oscar_sgl.reference.quantize_groups`, so the bytes equal the torch reference
+//! and the Triton seal kernel. Shapes are passed as numbers next to flat C-contiguous slices.
+//!
+//! One gap of the prose layout is closed here: `min` over a group holding both `+0.0` and `-0.0`
+//! is not unique, and its sign reaches the stored offset. Inputs are read as `x + 0.0`, which turns
+//! `-0.0` into `+0.0` and changes nothing else, so the bytes never depend on a reduction order.
+
+use half::f16;
+
+use crate::error::{Error, Result};
+
+/// Shape of one block of one layer: `[heads, tokens, head_dim]` (docs/LAYOUT.md §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockShape {
+    pub heads: usize,
+    pub tokens: usize,
+    pub head_dim: usize,
+}
+
+impl BlockShape {
+    pub fn new(heads: usize, tokens: usize, head_dim: usize) -> Self {
+        Self { heads, tokens, head_dim }
+    }
+
+    /// Elements of the `[H, n, D]` value array.
+    pub fn elements(&self) -> Result<usize> {
+        self.heads
+            .checked_mul(self.tokens)
+            .and_then(|x| x.checked_mul(self.head_dim))
+            .ok_or_else(|| Error::layout("block shape overflows usize"))
+    }
+}
+
+/// Codes plus fp16 parameters of one packed block (keys or values).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Packed {
+    /// `[H, n, D*b/8]` uint8.
+    pub codes: Vec<u8>,
+    /// Keys: `[H, n/G_K, 2, D]`; values: `[H, n, 2, D/G_V]` (row 0 scales, row 1 offsets).
+    pub params: Vec<f16>,
+}
+
+/// Validate a bit width and return `qmax = 2^b - 1` as f32.
+pub fn check_bits(bits: u32) -> Result<f32> {
+    match bits {
+        2 => Ok(3.0),
+        4 => Ok(15.0),
+        _ => Err(Error::layout(format!("bits must be 2 or 4, got {bits}"))),
+    }
+}
+
+/// Bytes one token of one head takes: `D * b / 8`.
+pub fn row_bytes(head_dim: usize, bits: u32) -> Result<usize> {
+    check_bits(bits)?;
+    if head_dim == 0 || !(head_dim * bits as usize).is_multiple_of(8) {
+        return Err(Error::layout(format!("head_dim={head_dim} does not pack into whole bytes at {bits} bits")));
+    }
+    Ok(head_dim * bits as usize / 8)
+}
+
+/// Parameters of one quantization group (docs/LAYOUT.md §1).
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    scale: f32,
+    zero: f32,
+    offset: f32,
+    normal: bool,
+}
+
+impl Group {
+    fn new(lo: f32, hi: f32, qmax: f32) -> Self {
+        if hi > lo {
+            let scale = (hi - lo) / qmax;
+            let zero = (-lo / scale).round_ties_even();
+            Self { scale, zero, offset: (-zero) * scale, normal: true }
+        } else {
+            Self { scale: 0.0, zero: 0.0, offset: lo, normal: false }
+        }
+    }
+
+    #[inline]
+    fn code(&self, x: f32, qmax: f32) -> u8 {
+        if !self.normal {
+            return 0;
+        }
+        // Integer-valued and inside [0, qmax] after the clamp: the cast is exact.
+        ((x / self.scale).round_ties_even() + self.zero).clamp(0.0, qmax) as u8
+    }
+}
+
+/// Read one input value: reject NaN/Inf, fold `-0.0` into `+0.0` (module docs).
+#[inline]
+fn read(v: f32, at: usize) -> Result<f32> {
+    if !v.is_finite() {
+        return Err(Error::layout(format!("cannot quantize a non-finite value ({v}) at flat index {at}")));
+    }
+    Ok(v + 0.0)
+}
+
+fn check_range(lo: f32, hi: f32) -> Result<()> {
+    if (hi - lo).is_finite() {
+        Ok(())
+    } else {
+        Err(Error::layout(format!("group range [{lo}, {hi}] overflows f32: the scale would not be finite")))
+    }
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::layout(format!("{what} holds {got} elements, the shape needs {want}")))
+    }
+}
+
+#[inline]
+fn put_code(row: &mut [u8], c: usize, q: u8, bits: u32) {
+    let per_byte = 8 / bits as usize;
+    row[c / per_byte] |= q << ((c % per_byte) as u32 * bits);
+}
+
+#[inline]
+fn get_code(row: &[u8], c: usize, bits: u32) -> u8 {
+    let per_byte = 8 / bits as usize;
+    (row[c / per_byte] >> ((c % per_byte) as u32 * bits)) & ((1u8 << bits) - 1)
+}
+
+/// Pack codes `[rows, D]` (each `< 2^b`) into `[rows, D*b/8]`, little-endian inside a byte.
+pub fn pack_codes(q: &[u8], head_dim: usize, bits: u32) -> Result<Vec<u8>> {
+    let rb = row_bytes(head_dim, bits)?;
+    if !q.len().is_multiple_of(head_dim) {
+        return Err(Error::layout(format!("{} codes are not rows of {head_dim}", q.len())));
+    }
+    let qmax = (1u8 << bits) - 1;
+    let mut out = vec![0u8; q.len() / head_dim * rb];
+    for (src, dst) in q.chunks_exact(head_dim).zip(out.chunks_exact_mut(rb)) {
+        for (c, &code) in src.iter().enumerate() {
+            if code > qmax {
+                return Err(Error::layout(format!("code {code} does not fit in {bits} bits")));
+            }
+            put_code(dst, c, code, bits);
+        }
+    }
+    Ok(out)
+}
+
+/// Inverse of [`pack_codes`].
+pub fn unpack_codes(packed: &[u8], head_dim: usize, bits: u32) -> Result<Vec<u8>> {
+    let rb = row_bytes(head_dim, bits)?;
+    if !packed.len().is_multiple_of(rb) {
+        return Err(Error::layout(format!("{} code bytes are not rows of {rb}", packed.len())));
+    }
+    let mut out = Vec::with_capacity(packed.len() / rb * head_dim);
+    for row in packed.chunks_exact(rb) {
+        out.extend((0..head_dim).map(|c| get_code(row, c, bits)));
+    }
+    Ok(out)
+}
+
+fn check_k_shape(shape: BlockShape, bits: u32, k_group: usize) -> Result<usize> {
+    let rb = row_bytes(shape.head_dim, bits)?;
+    if k_group == 0 || !shape.tokens.is_multiple_of(k_group) {
+        return Err(Error::layout(format!(
+            "a key block of {} tokens is not a whole number of k_group={k_group}",
+            shape.tokens
+        )));
+    }
+    Ok(rb)
+}
+
+fn check_v_shape(shape: BlockShape, bits: u32, v_group: usize) -> Result<usize> {
+    let rb = row_bytes(shape.head_dim, bits)?;
+    if v_group == 0 || !shape.head_dim.is_multiple_of(v_group) {
+        return Err(Error::layout(format!("v_group={v_group} must divide head_dim={}", shape.head_dim)));
+    }
+    Ok(rb)
+}
+
+/// Quantize and pack keys already divided by their token scale.
+///
+/// `values`: `[H, n, D]` f32, `n` a multiple of `k_group`. One group is `k_group` consecutive tokens
+/// of one (head, channel). Returns codes `[H, n, D*b/8]` and params `[H, n/G_K, 2, D]`.
+pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> Result<Packed> {
+    let qmax = check_bits(bits)?;
+    let rb = check_k_shape(shape, bits, k_group)?;
+    check_len("key values", values.len(), shape.elements()?)?;
+    let BlockShape { heads, tokens, head_dim: d } = shape;
+    let groups = tokens / k_group;
+    let mut codes = vec![0u8; heads * tokens * rb];
+    let mut params = vec![f16::ZERO; heads * groups * 2 * d];
+    let mut lo = vec![0f32; d];
+    let mut hi = vec![0f32; d];
+    let mut quant = Vec::with_capacity(d);
+    for h in 0..heads {
+        for g in 0..groups {
+            let first = (h * tokens + g * k_group) * d;
+            let block = &values[first..first + k_group * d];
+            for (c, &v) in block[..d].iter().enumerate() {
+                let x = read(v, first + c)?;
+                lo[c] = x;
+                hi[c] = x;
+            }
+            for (t, row) in block.chunks_exact(d).enumerate().skip(1) {
+                for (c, &v) in row.iter().enumerate() {
+                    let x = read(v, first + t * d + c)?;
+                    if x < lo[c] {
+                        lo[c] = x;
+                    }
+                    if x > hi[c] {
+                        hi[c] = x;
+                    }
+                }
+            }
+            quant.clear();
+            for c in 0..d {
+                check_range(lo[c], hi[c])?;
+                quant.push(Group::new(lo[c], hi[c], qmax));
+            }
+            let p = (h * groups + g) * 2 * d;
+            for (c, q) in quant.iter().enumerate() {
+                params[p + c] = f16::from_f32(q.scale);
+                params[p + d + c] = f16::from_f32(q.offset);
+            }
+            for (t, row) in block.chunks_exact(d).enumerate() {
+                let out_row = (h * tokens + g * k_group + t) * rb;
+                let dst = &mut codes[out_row..out_row + rb];
+                for (c, (&v, q)) in row.iter().zip(&quant).enumerate() {
+                    put_code(dst, c, q.code(v + 0.0, qmax), bits);
+                }
+            }
+        }
+    }
+    Ok(Packed { codes, params })
+}
+
+/// Quantize and pack values: one group is `v_group` consecutive channels of one (token, head).
+///
+/// `values`: `[H, n, D]` f32 (any `n`). Returns codes `[H, n, D*b/8]` and params `[H, n, 2, D/G_V]`.
+pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> Result<Packed> {
+    let qmax = check_bits(bits)?;
+    let rb = check_v_shape(shape, bits, v_group)?;
+    check_len("value values", values.len(), shape.elements()?)?;
+    let d = shape.head_dim;
+    let groups = d / v_group;
+    let rows = shape.heads * shape.tokens;
+    let mut codes = vec![0u8; rows * rb];
+    let mut params = vec![f16::ZERO; rows * 2 * groups];
+    for (r, row) in values.chunks_exact(d).enumerate() {
+        let dst = &mut codes[r * rb..(r + 1) * rb];
+        for g in 0..groups {
+            let seg = &row[g * v_group..(g + 1) * v_group];
+            let base = r * d + g * v_group;
+            let first = read(seg[0], base)?;
+            let (mut lo, mut hi) = (first, first);
+            for (i, &v) in seg.iter().enumerate().skip(1) {
+                let x = read(v, base + i)?;
+                if x < lo {
+                    lo = x;
+                }
+                if x > hi {
+                    hi = x;
+                }
+            }
+            check_range(lo, hi)?;
+            let q = Group::new(lo, hi, qmax);
+            params[r * 2 * groups + g] = f16::from_f32(q.scale);
+            params[r * 2 * groups + groups + g] = f16::from_f32(q.offset);
+            for (i, &v) in seg.iter().enumerate() {
+                put_code(dst, g * v_group + i, q.code(v + 0.0, qmax), bits);
+            }
+        }
+    }
+    Ok(Packed { codes, params })
+}
+
+/// Dequantize keys: `[H, n, D]` f32, `q * f32(scale_h) + f32(offset_h)` (still divided by s).
+pub fn unpack_k(codes: &[u8], params: &[f16], shape: BlockShape, bits: u32, k_group: usize) -> Result<Vec<f32>> {
+    let rb = check_k_shape(shape, bits, k_group)?;
+    let BlockShape { heads, tokens, head_dim: d } = shape;
+    let groups = tokens / k_group;
+    check_len("key codes", codes.len(), heads * tokens * rb)?;
+    check_len("key params", params.len(), heads * groups * 2 * d)?;
+    let mut out = Vec::with_capacity(shape.elements()?);
+    for h in 0..heads {
+        for t in 0..tokens {
+            let row = &codes[(h * tokens + t) * rb..(h * tokens + t + 1) * rb];
+            let p = (h * groups + t / k_group) * 2 * d;
+            for c in 0..d {
+                let q = f32::from(get_code(row, c, bits));
+                out.push(q * params[p + c].to_f32() + params[p + d + c].to_f32());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Dequantize values: `[H, n, D]` f32.
+pub fn unpack_v(codes: &[u8], params: &[f16], shape: BlockShape, bits: u32, v_group: usize) -> Result<Vec<f32>> {
+    let rb = check_v_shape(shape, bits, v_group)?;
+    let d = shape.head_dim;
+    let groups = d / v_group;
+    let rows = shape.heads * shape.tokens;
+    check_len("value codes", codes.len(), rows * rb)?;
+    check_len("value params", params.len(), rows * 2 * groups)?;
+    let mut out = Vec::with_capacity(rows * d);
+    for r in 0..rows {
+        let row = &codes[r * rb..(r + 1) * rb];
+        for c in 0..d {
+            let g = c / v_group;
+            let q = f32::from(get_code(row, c, bits));
+            out.push(q * params[r * 2 * groups + g].to_f32() + params[r * 2 * groups + groups + g].to_f32());
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+    }
+
+    #[test]
+    fn known_group_int2() {
+        // One channel, 4 tokens: lo=-1, hi=2 -> scale=1, zero=1, q = round(x)+1.
+        let shape = BlockShape::new(1, 4, 4);
+        let mut x = vec![0f32; 16];
+        for (t, v) in [-1.0f32, 0.0, 1.0, 2.0].iter().enumerate() {
+            x[t * 4] = *v;
+        }
+        let p = pack_k(&x, shape, 2, 4).unwrap();
+        // Channel 0 codes 0,1,2,3 at bit offset 0 of byte 0 of each token row.
+        assert_eq!(p.codes, vec![0, 1, 2, 3]);
+        assert_eq!(p.params[0].to_f32(), 1.0); // scale of channel 0
+        assert_eq!(p.params[4].to_f32(), -1.0); // offset of channel 0
+                                                // Channels 1..3 are all-zero groups: scale 0, offset 0, code 0.
+        assert_eq!(p.params[1].to_bits(), 0);
+        assert_eq!(p.params[5].to_bits(), 0);
+    }
+
+    #[test]
+    fn constant_groups_have_no_nan() {
+        let shape = BlockShape::new(2, 32, 8);
+        let x = vec![3.25f32; shape.elements().unwrap()];
+        let k = pack_k(&x, shape, 4, 32).unwrap();
+        let v = pack_v(&x, shape, 4, 8).unwrap();
+        assert!(k.codes.iter().all(|&b| b == 0) && v.codes.iter().all(|&b| b == 0));
+        let kd = unpack_k(&k.codes, &k.params, shape, 4, 32).unwrap();
+        let vd = unpack_v(&v.codes, &v.params, shape, 4, 8).unwrap();
+        assert!(kd.iter().chain(&vd).all(|&y| y == 3.25));
+    }
+
+    #[test]
+    fn negative_zero_is_positive_zero() {
+        let shape = BlockShape::new(1, 32, 16);
+        let pos = vec![0f32; shape.elements().unwrap()];
+        let mut mixed = pos.clone();
+        for (i, v) in mixed.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                *v = -0.0;
+            }
+        }
+        mixed[5] = 1.0;
+        let mut pos2 = pos.clone();
+        pos2[5] = 1.0;
+        assert_eq!(pack_k(&mixed, shape, 2, 32).unwrap(), pack_k(&pos2, shape, 2, 32).unwrap());
+        assert_eq!(pack_v(&mixed, shape, 2, 16).unwrap(), pack_v(&pos2, shape, 2, 16).unwrap());
+    }
+
+    #[test]
+    fn round_trip_within_half_step() {
+        let mut seed = 7u64;
+        for &(bits, d, g) in &[(2u32, 64usize, 32usize), (4, 128, 32), (2, 256, 64)] {
+            let shape = BlockShape::new(3, 64, d);
+            let x: Vec<f32> = (0..shape.elements().unwrap()).map(|_| lcg(&mut seed)).collect();
+            let k = pack_k(&x, shape, bits, g).unwrap();
+            let y = unpack_k(&k.codes, &k.params, shape, bits, g).unwrap();
+            let qmax = check_bits(bits).unwrap();
+            // Half a step of the widest group (range <= 8) plus fp16 rounding of scale and offset.
+            let tol = 0.5 * 8.0 / qmax * 1.01 + 8.0 * 2f32.powi(-10);
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() <= tol, "{a} vs {b} (bits {bits})");
+            }
+        }
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        let q: Vec<u8> = (0..128u32).map(|i| (i * 7 % 16) as u8).collect();
+        assert_eq!(unpack_codes(&pack_codes(&q, 64, 4).unwrap(), 64, 4).unwrap(), q);
+        let q2: Vec<u8> = q.iter().map(|c| c % 4).collect();
+        assert_eq!(unpack_codes(&pack_codes(&q2, 64, 2).unwrap(), 64, 2).unwrap(), q2);
+        assert!(pack_codes(&q, 64, 2).is_err());
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let shape = BlockShape::new(1, 32, 64);
+        let x = vec![1f32; shape.elements().unwrap()];
+        assert!(matches!(pack_k(&x, shape, 3, 32), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x, shape, 2, 24), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x[1..], shape, 2, 32), Err(Error::Layout(_))));
+        assert!(matches!(pack_v(&x, shape, 2, 48), Err(Error::Layout(_))));
+        let mut nan = x.clone();
+        nan[9] = f32::NAN;
+        assert!(matches!(pack_v(&nan, shape, 2, 32), Err(Error::Layout(_))));
+        let mut wide = x;
+        wide[0] = f32::MAX;
+        wide[64] = -f32::MAX;
+        assert!(matches!(pack_k(&wide, shape, 2, 32), Err(Error::Layout(_))));
+    }
+}

@@ -1,0 +1,410 @@
+//! `oscar_sgl._core`: a thin PyO3 shell over `oscar-core`. Arrays cross as `bytes` (little-endian)
+//! plus shape ints, which keeps the module abi3 and free of numpy/torch. Errors become the classes of
+//! `oscar_sgl.errors` (the one mapping table), looked up by the core's error kind.
+
+use oscar_core::pack::{self, BlockShape};
+use oscar_core::plan::{self, ModelShape, QuantFormat};
+use oscar_core::runtime::{self, Owner, PageState, RuntimeConfig};
+use oscar_core::{half, Error};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
+
+/// Batches with more words than this release the GIL while they are applied.
+const DETACH_WORDS: usize = 1 << 14;
+
+static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn to_py_err(py: Python<'_>, e: Error) -> PyErr {
+    let details = PyDict::new(py);
+    let filled = (|| -> PyResult<()> {
+        match &e {
+            Error::Layout(_) => {}
+            Error::Event { at, .. } => details.set_item("at", at)?,
+            Error::StagingExhausted { capacity, page, event } => {
+                details.set_item("capacity", capacity)?;
+                details.set_item("page", page)?;
+                details.set_item("event", event)?;
+            }
+            Error::Invariant { violation, event } => {
+                details.set_item("violation", violation.kind.name())?;
+                details.set_item("page", violation.page)?;
+                details.set_item("event", event)?;
+            }
+        }
+        Ok(())
+    })();
+    let made = filled.and_then(|()| {
+        let from_core = FROM_CORE
+            .get_or_try_init(py, || Ok::<_, PyErr>(py.import("oscar_sgl.errors")?.getattr("from_core")?.unbind()))?;
+        from_core.bind(py).call1((e.kind(), e.to_string(), details))
+    });
+    match made {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(import_failure) => {
+            let err = PyRuntimeError::new_err(format!("{} ({})", e, e.kind()));
+            err.set_cause(py, Some(import_failure));
+            err
+        }
+    }
+}
+
+fn f32s(py: Python<'_>, raw: &[u8]) -> PyResult<Vec<f32>> {
+    if !raw.len().is_multiple_of(4) {
+        return Err(to_py_err(py, Error::Layout(format!("{} bytes are not whole float32 values", raw.len()))));
+    }
+    Ok(raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+fn f16s(py: Python<'_>, raw: &[u8]) -> PyResult<Vec<half::f16>> {
+    if !raw.len().is_multiple_of(2) {
+        return Err(to_py_err(py, Error::Layout(format!("{} bytes are not whole float16 values", raw.len()))));
+    }
+    Ok(raw.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]])).collect())
+}
+
+fn i64s(py: Python<'_>, raw: &[u8], what: &str) -> PyResult<Vec<i64>> {
+    if !raw.len().is_multiple_of(8) {
+        return Err(to_py_err(
+            py,
+            Error::Event { at: 0, why: format!("{what}: {} bytes are not whole int64 values", raw.len()) },
+        ));
+    }
+    Ok(raw.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
+}
+
+fn f16_bytes<'py>(py: Python<'py>, v: &[half::f16]) -> Bound<'py, PyBytes> {
+    let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    PyBytes::new(py, &raw)
+}
+
+fn f32_bytes<'py>(py: Python<'py>, v: &[f32]) -> Bound<'py, PyBytes> {
+    let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    PyBytes::new(py, &raw)
+}
+
+/// int32 arrays go out as `bytearray`: writable, so numpy/torch wrap them without a copy or warning.
+fn i32_bytes<'py>(py: Python<'py>, v: &[i32]) -> Bound<'py, PyByteArray> {
+    let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    PyByteArray::new(py, &raw)
+}
+
+fn quant(bits: u32, k_group: u32, v_group: u32, scale_columns: u32) -> QuantFormat {
+    QuantFormat { bits, k_group, v_group, scale_columns }
+}
+
+/// Quantize and pack keys `[H, n, D]` (float32, already divided by the token scale).
+/// Returns `(codes [H, n, D*b/8] uint8, params [H, n/k_group, 2, D] float16)` as bytes.
+#[pyfunction]
+#[pyo3(signature = (values, *, heads, tokens, head_dim, bits, k_group))]
+fn pack_k<'py>(
+    py: Python<'py>,
+    values: &[u8],
+    heads: usize,
+    tokens: usize,
+    head_dim: usize,
+    bits: u32,
+    k_group: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let x = f32s(py, values)?;
+    let shape = BlockShape::new(heads, tokens, head_dim);
+    let p = py.detach(|| pack::pack_k(&x, shape, bits, k_group)).map_err(|e| to_py_err(py, e))?;
+    Ok((PyBytes::new(py, &p.codes), f16_bytes(py, &p.params)))
+}
+
+/// Quantize and pack values `[H, n, D]` (float32). Returns `(codes, params [H, n, 2, D/v_group])`.
+#[pyfunction]
+#[pyo3(signature = (values, *, heads, tokens, head_dim, bits, v_group))]
+fn pack_v<'py>(
+    py: Python<'py>,
+    values: &[u8],
+    heads: usize,
+    tokens: usize,
+    head_dim: usize,
+    bits: u32,
+    v_group: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let x = f32s(py, values)?;
+    let shape = BlockShape::new(heads, tokens, head_dim);
+    let p = py.detach(|| pack::pack_v(&x, shape, bits, v_group)).map_err(|e| to_py_err(py, e))?;
+    Ok((PyBytes::new(py, &p.codes), f16_bytes(py, &p.params)))
+}
+
+/// Dequantize packed keys to float32 `[H, n, D]` bytes.
+#[pyfunction]
+#[pyo3(signature = (codes, params, *, heads, tokens, head_dim, bits, k_group))]
+#[allow(clippy::too_many_arguments)]
+fn unpack_k<'py>(
+    py: Python<'py>,
+    codes: &[u8],
+    params: &[u8],
+    heads: usize,
+    tokens: usize,
+    head_dim: usize,
+    bits: u32,
+    k_group: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let prm = f16s(py, params)?;
+    let shape = BlockShape::new(heads, tokens, head_dim);
+    let y = py.detach(|| pack::unpack_k(codes, &prm, shape, bits, k_group)).map_err(|e| to_py_err(py, e))?;
+    Ok(f32_bytes(py, &y))
+}
+
+/// Dequantize packed values to float32 `[H, n, D]` bytes.
+#[pyfunction]
+#[pyo3(signature = (codes, params, *, heads, tokens, head_dim, bits, v_group))]
+#[allow(clippy::too_many_arguments)]
+fn unpack_v<'py>(
+    py: Python<'py>,
+    codes: &[u8],
+    params: &[u8],
+    heads: usize,
+    tokens: usize,
+    head_dim: usize,
+    bits: u32,
+    v_group: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let prm = f16s(py, params)?;
+    let shape = BlockShape::new(heads, tokens, head_dim);
+    let y = py.detach(|| pack::unpack_v(codes, &prm, shape, bits, v_group)).map_err(|e| to_py_err(py, e))?;
+    Ok(f32_bytes(py, &y))
+}
+
+/// Packed bytes per token per layer (docs/LAYOUT.md §4).
+#[pyfunction]
+#[pyo3(signature = (*, kv_heads, head_dim, bits, k_group, v_group, scale_columns))]
+fn bytes_per_token(
+    py: Python<'_>,
+    kv_heads: u32,
+    head_dim: u32,
+    bits: u32,
+    k_group: u32,
+    v_group: u32,
+    scale_columns: u32,
+) -> PyResult<f64> {
+    quant(bits, k_group, v_group, scale_columns).bytes_per_token(kv_heads, head_dim).map_err(|e| to_py_err(py, e))
+}
+
+/// Stored bits per K/V element.
+#[pyfunction]
+#[pyo3(signature = (*, kv_heads, head_dim, bits, k_group, v_group, scale_columns))]
+fn effective_bits(
+    py: Python<'_>,
+    kv_heads: u32,
+    head_dim: u32,
+    bits: u32,
+    k_group: u32,
+    v_group: u32,
+    scale_columns: u32,
+) -> PyResult<f64> {
+    quant(bits, k_group, v_group, scale_columns).effective_bits(kv_heads, head_dim).map_err(|e| to_py_err(py, e))
+}
+
+/// `(name, bytes_per_token, bytes_per_page, staging_bytes, pages, tokens)`.
+type PlanRow = (&'static str, f64, u64, u64, u64, u64);
+
+/// One row per format (bf16, fp8, int4, int2):
+/// `(name, bytes_per_token, bytes_per_page, staging_bytes, pages, tokens)`.
+#[pyfunction]
+#[pyo3(signature = (*, layers, kv_heads, head_dim, page_size, staging_pages, budget_bytes, k_group, v_group, scale_columns))]
+#[allow(clippy::too_many_arguments)]
+fn plan_memory(
+    py: Python<'_>,
+    layers: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    page_size: u32,
+    staging_pages: u64,
+    budget_bytes: u64,
+    k_group: u32,
+    v_group: u32,
+    scale_columns: u32,
+) -> PyResult<Vec<PlanRow>> {
+    let shape = ModelShape { layers, kv_heads, head_dim };
+    let plans =
+        plan::plan_memory(shape, quant(2, k_group, v_group, scale_columns), page_size, staging_pages, budget_bytes)
+            .map_err(|e| to_py_err(py, e))?;
+    Ok(plans
+        .iter()
+        .map(|p| (p.dtype.name(), p.bytes_per_token, p.bytes_per_page, p.staging_bytes, p.pages, p.tokens))
+        .collect())
+}
+
+fn state_name(s: PageState) -> &'static str {
+    match s {
+        PageState::Free => "free",
+        PageState::Open => "open",
+        PageState::Sealed => "sealed",
+    }
+}
+
+fn owner_name(o: Owner) -> &'static str {
+    match o {
+        Owner::None => "none",
+        Owner::Request => "request",
+        Owner::Tree => "tree",
+    }
+}
+
+/// The page runtime (see `oscar_core::runtime`). One `step` call per scheduler step.
+#[pyclass(module = "oscar_sgl._core")]
+struct Runtime {
+    inner: runtime::Runtime,
+}
+
+#[pymethods]
+impl Runtime {
+    #[new]
+    #[pyo3(signature = (*, num_pages, page_size, staging_slots, kv_heads, head_dim, bits, k_group, v_group, scale_columns))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_pages: u32,
+        page_size: u32,
+        staging_slots: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        bits: u32,
+        k_group: u32,
+        v_group: u32,
+        scale_columns: u32,
+    ) -> PyResult<Self> {
+        let cfg = RuntimeConfig {
+            num_pages,
+            page_size,
+            staging_slots,
+            kv_heads,
+            head_dim,
+            quant: quant(bits, k_group, v_group, scale_columns),
+        };
+        let inner = py.detach(|| runtime::Runtime::new(cfg)).map_err(|e| to_py_err(py, e))?;
+        Ok(Self { inner })
+    }
+
+    /// Apply one step's events (`ops`, `ids`: little-endian int64 bytes). Returns
+    /// `(seal_plan, map_delta)`: little-endian int32 `bytearray`s of `(page, slot)` pairs.
+    fn step<'py>(
+        &mut self,
+        py: Python<'py>,
+        ops: &[u8],
+        ids: &[u8],
+    ) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
+        let ops = i64s(py, ops, "ops")?;
+        let ids = i64s(py, ids, "ids")?;
+        let inner = &mut self.inner;
+        let res = if ops.len() + ids.len() > DETACH_WORDS {
+            py.detach(|| inner.step(&ops, &ids).map(|o| (o.seal_plan.to_vec(), o.map_delta.to_vec())))
+        } else {
+            inner.step(&ops, &ids).map(|o| (o.seal_plan.to_vec(), o.map_delta.to_vec()))
+        };
+        let (plan, delta) = res.map_err(|e| to_py_err(py, e))?;
+        Ok((i32_bytes(py, &plan), i32_bytes(py, &delta)))
+    }
+
+    /// Audit every invariant; raises `InvariantViolation`.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.check()).map_err(|violation| to_py_err(py, Error::Invariant { violation, event: None }))
+    }
+
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+
+    /// The whole page -> staging map, little-endian int32 bytes (one per page, -1: not in staging).
+    fn page_to_staging<'py>(&self, py: Python<'py>) -> Bound<'py, PyByteArray> {
+        i32_bytes(py, self.inner.page_to_staging())
+    }
+
+    /// Staging slots free now.
+    fn staging_free(&self) -> usize {
+        self.inner.staging_free()
+    }
+
+    /// Staging slots the next step can open pages into (free now + released at its start).
+    fn staging_available(&self) -> usize {
+        self.inner.staging_available()
+    }
+
+    /// `(state, owner, fill, slot, locks)` of one page.
+    fn page_info(&self, py: Python<'_>, page: u32) -> PyResult<(&'static str, &'static str, u32, i32, u32)> {
+        let i = self.inner.page_info(page).map_err(|e| to_py_err(py, e))?;
+        Ok((state_name(i.state), owner_name(i.owner), i.fill, i.slot, i.locks))
+    }
+
+    /// Counters by name (ints, and floats for the ratios).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("total_pages", s.total_pages),
+            ("free_pages", s.free_pages),
+            ("open_pages", s.open_pages),
+            ("sealed_pages", s.sealed_pages),
+            ("tree_pages", s.tree_pages),
+            ("locked_pages", s.locked_pages),
+            ("open_tokens", s.open_tokens),
+            ("staging_capacity", s.staging_capacity),
+            ("staging_in_use", s.staging_in_use),
+            ("staging_high_water", s.staging_high_water),
+            ("steps", s.steps),
+            ("seals_last_step", s.seals_last_step),
+            ("seals_total", s.seals_total),
+            ("max_seals_per_step", s.max_seals_per_step),
+            ("events_total", s.events_total),
+        ] {
+            d.set_item(k, v)?;
+        }
+        d.set_item("compression_ratio", s.compression_ratio)?;
+        d.set_item("format_ratio", s.format_ratio)?;
+        Ok(d)
+    }
+
+    #[getter]
+    fn num_pages(&self) -> u32 {
+        self.inner.config().num_pages
+    }
+
+    #[getter]
+    fn page_size(&self) -> u32 {
+        self.inner.config().page_size
+    }
+
+    #[getter]
+    fn staging_slots(&self) -> u32 {
+        self.inner.config().staging_slots
+    }
+
+    #[getter]
+    fn layout_version(&self) -> u32 {
+        self.inner.format().layout_version
+    }
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("LAYOUT_VERSION", oscar_core::LAYOUT_VERSION)?;
+    m.add("NO_SLOT", runtime::NO_SLOT)?;
+    for (name, op) in [
+        ("OP_EXTEND", runtime::OP_EXTEND),
+        ("OP_DECODE", runtime::OP_DECODE),
+        ("OP_ALLOC", runtime::OP_ALLOC),
+        ("OP_WRITE", runtime::OP_WRITE),
+        ("OP_RELEASE", runtime::OP_RELEASE),
+        ("OP_LOCK", runtime::OP_LOCK),
+        ("OP_UNLOCK", runtime::OP_UNLOCK),
+        ("OP_SHARE", runtime::OP_SHARE),
+    ] {
+        m.add(name, op)?;
+    }
+    m.add_function(wrap_pyfunction!(pack_k, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_v, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_k, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_v, m)?)?;
+    m.add_function(wrap_pyfunction!(bytes_per_token, m)?)?;
+    m.add_function(wrap_pyfunction!(effective_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_memory, m)?)?;
+    m.add_class::<Runtime>()?;
+    Ok(())
+}

@@ -1,0 +1,353 @@
+"""The OScaR allocator subclass under SGLang's real radix caches, on device="cpu".
+
+A small scheduler drives SGLang's `RadixCache` and `UnifiedRadixCache` (Rust TreeCore) the way
+SGLang's scheduler does (match -> lock -> alloc_extend / alloc_decode -> insert + free duplicates ->
+relock / unlock -> evict), with `OscarPagedAllocator` forwarding every page event to the Rust
+runtime in one call per step. The GPU side is emulated by a tiny "KV" store that follows the
+runtime's answers exactly as the kernels would: writes go to the staging page the map names (a
+write into a page the map says is sealed fails), attention reads staging or the packed pool by the
+same map, and the seal plan copies staging pages into the packed pool. Every token read must be the
+token written, every page must come back, and no sealed shared page may be rewritten.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang is not installed: the allocator subclass needs its real radix caches")
+torch = pytest.importorskip("torch")
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+
+from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.errors import StagingExhausted  # noqa: E402
+from oscar_sgl.runtime import OscarRuntime  # noqa: E402
+from oscar_sgl.sglang.allocator import OscarPagedAllocator, attach_radix_cache  # noqa: E402
+
+P = 4
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    prompt_len: int
+    max_len: int
+    chunk: int
+    row: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    seq_len: int = 0
+    protected: int = 0
+    lock: Any = None
+
+
+class Harness:
+    """One SGLang radix cache + OscarPagedAllocator + an emulated GPU that obeys the runtime."""
+
+    def __init__(self, kind: str, *, pages: int, staging: int, need_sort: bool = False) -> None:
+        size = pages * P
+        self.rt = OscarRuntime(
+            num_pages=pages + 1,
+            page_size=P,
+            staging_slots=staging,
+            kv_heads=2,
+            head_dim=16,
+            config=OscarConfig(k_group=4, v_group=16, residual=0),
+        )
+        self.alloc = OscarPagedAllocator(size, P, torch.bfloat16, "cpu", None, need_sort, runtime=self.rt)
+        params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=ReqToTokenPool(size=8, max_context_len=size, device="cpu", enable_memory_saver=False),
+            token_to_kv_pool_allocator=self.alloc,
+            page_size=P,
+            tree_components=(ComponentType.FULL,) if kind == "unified" else None,
+        )
+        self.kind = kind
+        self.cache: Any = RadixCache(params) if kind == "radix" else UnifiedRadixCache(params)
+        attach_radix_cache(self.cache, self.alloc)
+        # Observe every page SGLang frees (request, duplicate or eviction) to retire its packed copy.
+        release = self.alloc._release_page_ids
+
+        def observe(*page_ids: torch.Tensor) -> None:
+            for ids in page_ids:
+                for page in ids.tolist():
+                    self.sealed_once.pop(page, None)
+            release(*page_ids)
+
+        self.alloc._release_page_ids = observe
+        self.size = size
+        # The emulated device: page -> staging map, staging pages, packed pool (token ids as "KV").
+        self.map = np.full(pages + 1, -1, dtype=np.int32)
+        self.staging = np.full((staging, P), -1, dtype=np.int64)
+        self.packed = np.full((pages + 1, P), -1, dtype=np.int64)
+        self.sealed_once: dict[int, np.ndarray] = {}
+        self.shared_reads = 0
+        self.steps = 0
+        self._writes: list[tuple[torch.Tensor, list[int]]] = []
+
+    # ---- one scheduler step ----
+
+    def step(self, reads: list[Req]) -> None:
+        """Flush events (one runtime call), run the "forward": writes, attention reads, seals."""
+        res = self.alloc.oscar_step()
+        self.steps += 1
+        for page, slot in res.map_delta.tolist():
+            self.map[page] = slot
+        assert np.array_equal(self.map, self.rt.page_to_staging()), "delta-applied map differs from the runtime's"
+        for locs, toks in self._writes:
+            for loc, tok in zip(locs.tolist(), toks):
+                page, off = divmod(loc, P)
+                slot = self.map[page]
+                assert slot >= 0, f"write into page {page}, which the runtime says is sealed"
+                self.staging[slot, off] = tok
+        self._writes.clear()
+        for r in reads:
+            self.read(r)
+        for page, slot in res.seal_plan.tolist():
+            if page < 0:
+                continue
+            assert page not in self.sealed_once, f"page {page} sealed twice without being freed"
+            self.packed[page] = self.staging[slot]
+            self.sealed_once[page] = self.packed[page].copy()
+        self.rt.check()
+
+    def read(self, r: Req) -> None:
+        """Attention over the whole row: staging where the map names a slot, else the packed page."""
+        for pos, loc in enumerate(r.row[: r.seq_len].tolist()):
+            page, off = divmod(loc, P)
+            slot = self.map[page]
+            got = self.staging[slot, off] if slot >= 0 else self.packed[page, off]
+            assert got == r.tokens[pos], f"position {pos}: read {got}, wrote {r.tokens[pos]}"
+            if slot < 0 and self.rt.page_info(page).owner == "tree":
+                self.shared_reads += 1
+
+    # ---- what the scheduler does per request ----
+
+    def key(self, tokens: list[int]) -> RadixKey:
+        return RadixKey(array("q", tokens))
+
+    def admit(self, tokens: list[int], *, gen: int, chunk: int) -> Req:
+        r = Req(tokens=list(tokens) + [1000 + i for i in range(gen)], prompt_len=len(tokens), max_len=len(tokens) + gen, chunk=chunk)
+        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens[: len(tokens) - 1])))
+        r.row = torch.zeros(r.max_len, dtype=torch.int64)
+        if m.device_prefix_len:
+            r.row[: m.device_prefix_len] = self.cache.path_device_indices(m.last_device_node)[: m.device_prefix_len]
+        r.seq_len = r.protected = m.device_prefix_len
+        r.lock = self.cache.lock(m.last_device_node)
+        return r
+
+    def extend(self, reqs: list[Req]) -> None:
+        """One prefill batch: every request computes its next chunk."""
+        pre = [r.seq_len for r in reqs]
+        seq = [min(r.seq_len + r.chunk, r.prompt_len) for r in reqs]
+        last = [int(r.row[p - 1]) if p > 0 else -1 for r, p in zip(reqs, pre)]
+        t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        out = self.alloc.alloc_extend(t(pre), t(pre), t(seq), t(seq), t(last), sum(seq) - sum(pre))
+        assert out is not None, "pool exhausted: evict first"
+        at = 0
+        for r, p, s in zip(reqs, pre, seq):
+            r.row[p:s] = out[at : at + s - p]
+            self._writes.append((out[at : at + s - p], r.tokens[p:s]))
+            at += s - p
+            r.seq_len = s
+
+    def decode(self, reqs: list[Req]) -> None:
+        seq = torch.tensor([r.seq_len + 1 for r in reqs], dtype=torch.int64)
+        last = torch.stack([r.row[r.seq_len - 1] for r in reqs])
+        out = self.alloc.alloc_decode(seq, seq, last)
+        assert out is not None
+        for r, loc in zip(reqs, out):
+            r.row[r.seq_len] = loc
+            self._writes.append((loc.reshape(1), [r.tokens[r.seq_len]]))
+            r.seq_len += 1
+
+    def _insert(self, r: Req) -> int:
+        """Insert the page-aligned prefix; the duplicates it exposes are freed as each cache does it:
+        RadixCache by its caller (`_insert_cache`), UnifiedRadixCache by the tree itself from
+        `prev_prefix_len` on (`checkpoint_into_tree`)."""
+        key = self.key(r.tokens[: r.seq_len]).page_aligned(P)
+        n = len(key)
+        if self.kind == "unified":
+            self.cache.insert(InsertParams(key=key, value=r.row[:n].clone(), prev_prefix_len=r.protected))
+        else:
+            result = self.cache.insert(InsertParams(key=key, value=r.row[:n].clone()))
+            dup = r.row[r.protected : result.prefix_len]
+            if dup.numel():
+                self.alloc.free_segment(dup, start_pos=r.protected)
+        return n
+
+    def checkpoint(self, r: Req) -> None:
+        """cache_unfinished_req (chunked prefill): insert, adopt the tree's pages, move the lock."""
+        n = self._insert(r)
+        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(r.tokens[:n])))
+        assert m.device_prefix_len == n
+        r.row[:n] = self.cache.path_device_indices(m.last_device_node)[:n]
+        r.protected = n
+        self.cache.unlock(r.lock)
+        r.lock = self.cache.lock(m.last_device_node)
+
+    def finish(self, r: Req) -> None:
+        """cache_finished_req: insert, free the tail page, drop the lock."""
+        n = self._insert(r)
+        tail = r.row[n : r.seq_len]
+        if tail.numel():
+            self.alloc.free_segment(tail, start_pos=n)
+        self.cache.unlock(r.lock)
+
+    def abort(self, r: Req) -> None:
+        """Abort (or retraction): free what the request owns, drop the lock, insert nothing."""
+        own = r.row[r.protected : r.seq_len]
+        if own.numel():
+            self.alloc.free_segment(own, start_pos=r.protected)
+        self.cache.unlock(r.lock)
+
+    def evict_all_and_check(self) -> None:
+        self.cache.evict(EvictParams(num_tokens=self.size))
+        self.step([])
+        self.step([])  # the last seals' staging pages come back when the next step starts
+        s = self.rt.stats()
+        assert self.alloc.available_size() == self.size, "SGLang did not get every page back"
+        assert s.free_pages == s.total_pages, s
+        assert self.rt.staging_free() == self.rt.staging_slots, "a staging page leaked"
+        assert (self.map == -1).all()
+
+
+KINDS = ["radix", "unified"]
+
+
+def _prompt(base: int, n: int) -> list[int]:
+    return [base * 100 + i for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("need_sort", [False, True])
+def test_two_requests_share_a_sealed_prefix(kind: str, need_sort: bool) -> None:
+    h = Harness(kind, pages=32, staging=12, need_sort=need_sort)
+    shared = _prompt(1, 18)
+    a = h.admit(shared + [7, 7, 7], gen=5, chunk=8)  # chunked prefill: 8 + 8 + 5 tokens
+    while a.seq_len < a.prompt_len:
+        h.extend([a])
+        h.step([a])
+        if a.seq_len < a.prompt_len:
+            h.checkpoint(a)
+    for _ in range(5):
+        h.decode([a])
+        h.step([a])
+    h.finish(a)
+    h.step([])
+    tree_pages = h.rt.stats().tree_pages
+    assert tree_pages == (a.seq_len // P)
+
+    # B matches A's first four pages (16 tokens): they are sealed, tree-owned, and now locked.
+    b = h.admit(shared + [9, 9], gen=6, chunk=32)
+    assert b.protected == 16
+    shared_pages = sorted(set((b.row[:16] // P).tolist()))
+    for page in shared_pages:
+        info = h.rt.page_info(page)
+        assert (info.state, info.owner) == ("sealed", "tree")
+    packed_before = {p: h.packed[p].copy() for p in shared_pages}
+    c = h.admit(shared + [5], gen=3, chunk=32)  # a third request on the same prefix, concurrently
+    h.extend([b, c])
+    h.step([b, c])
+    h.step([])  # the lock events of B and C reach the runtime
+    for page in shared_pages:
+        assert h.rt.page_info(page).locks == 2
+    for _ in range(6):
+        running = [r for r in (b, c) if r.seq_len < r.max_len]
+        h.decode(running)
+        h.step(running)
+    for page in shared_pages:
+        assert np.array_equal(h.packed[page], packed_before[page]), f"shared page {page} was rewritten"
+    assert h.shared_reads > 0
+    h.finish(b)
+    h.abort(c)
+    h.step([])
+    h.evict_all_and_check()
+    assert h.rt.stats().seals_total >= tree_pages
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eviction_under_pressure(kind: str) -> None:
+    h = Harness(kind, pages=16, staging=8)
+    held: list[Req] = []
+    for i in range(12):
+        r = h.admit(_prompt(i + 2, 9), gen=3, chunk=16)  # 3 pages each once decoded
+        need = -(-r.max_len // P)
+        if h.alloc.available_size() < need * P:
+            # What the scheduler does before a prefill that does not fit: evict unlocked leaves.
+            h.cache.evict(EvictParams(num_tokens=need * P - h.alloc.available_size()))
+        h.extend([r])
+        h.step([r])
+        for _ in range(3):
+            h.decode([r])
+            h.step([r])
+        if i % 4 == 0:
+            held.append(r)  # keep a few running: their pages must survive every eviction
+        else:
+            h.finish(r)
+            h.step([])
+        assert h.rt.stats().free_pages > 0
+    for r in held:
+        h.read(r)
+        h.finish(r)
+    h.step([])
+    h.evict_all_and_check()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_abort_mid_prefill_returns_everything(kind: str) -> None:
+    h = Harness(kind, pages=24, staging=10)
+    a = h.admit(_prompt(3, 30), gen=2, chunk=9)
+    h.extend([a])
+    h.step([a])
+    h.checkpoint(a)  # two sealed pages now in the tree, one open page with 1 token
+    h.extend([a])
+    h.step([a])
+    assert h.rt.stats().open_pages == 1
+    h.abort(a)
+    h.step([])
+    s = h.rt.stats()
+    assert s.open_pages == 0 and s.locked_pages == 0
+    # A request that re-prefills the same prompt reuses the sealed pages in the tree.
+    b = h.admit(_prompt(3, 30), gen=0, chunk=32)
+    assert b.protected == 8
+    h.extend([b])
+    h.step([b])
+    h.finish(b)
+    h.step([])
+    h.evict_all_and_check()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_staging_exhaustion_is_raised_before_sglang_allocates(kind: str) -> None:
+    h = Harness(kind, pages=16, staging=2)
+    r = h.admit(_prompt(4, 13), gen=0, chunk=16)  # needs 4 pages at once
+    free_before = h.alloc.available_size()
+    with pytest.raises(StagingExhausted) as err:
+        h.extend([r])
+    assert isinstance(err.value, MemoryError)
+    assert h.alloc.available_size() == free_before, "SGLang's free list must be untouched"
+    h.abort(r)
+    h.step([])
+    h.evict_all_and_check()
+
+
+def test_clear_resets_the_runtime() -> None:
+    h = Harness("radix", pages=8, staging=4)
+    r = h.admit(_prompt(5, 6), gen=0, chunk=8)
+    h.extend([r])
+    h.step([r])
+    assert h.rt.stats().open_pages == 1
+    h.alloc.clear()
+    res = h.alloc.oscar_step()
+    assert sorted(res.map_delta[:, 1].tolist()) == [-1, -1]
+    assert h.rt.stats().free_pages == h.rt.stats().total_pages
+    h.rt.check()
