@@ -68,3 +68,17 @@ def test_installed_wheel_imports_kernels_but_no_top_level_triton_kernels(wheel, 
                        env={**os.environ, "PYTHONPATH": str(target)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ok")
+
+
+def test_import_needs_neither_sglang_nor_transformers():
+    code = (
+        "import sys\n"
+        "for name in ('sglang', 'transformers', 'triton'):\n"
+        "    sys.modules[name] = None  # any import of them now raises ImportError\n"
+        "import oscar_sgl\n"
+        "from oscar_sgl import OscarConfig, reference\n"
+        "print(OscarConfig(bits=4).effective_bits(8, 128))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "5.015625"

@@ -2,6 +2,7 @@
 
     oscar-sgl eval ppl --text FILE [--model PATH|default] --bits 2 4 --methods oscar kivi ... --json OUT
     oscar-sgl eval tni --text FILE [--model ...] --png OUT.png
+    oscar-sgl plan --shape 32,8,128 --gpu-mem-gb 80
     oscar-sgl model path
 """
 
@@ -77,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     tni.add_argument("--norm-scope", choices=("layer", "head"), default="layer")
     tni.add_argument("--png", type=Path, default=None, help="write a plot here")
     tni.add_argument("--json", type=Path, default=None)
+
+    plan = sub.add_parser("plan", help="how many KV tokens fit in a GPU memory budget: BF16, FP8, INT4, INT2")
+    shape = plan.add_mutually_exclusive_group()
+    shape.add_argument("--model", default=None,
+                       help="local HF model folder, or 'default' (SmolLM2-135M-Instruct); read from its config.json")
+    shape.add_argument("--shape", default=None, metavar="LAYERS,KV_HEADS,HEAD_DIM",
+                       help="a model shape without the model, e.g. 32,8,128 for Llama-3.1-8B")
+    plan.add_argument("--gpu-mem-gb", type=float, required=True, help="bytes given to the KV cache, in GB (1e9)")
+    plan.add_argument("--page-size", type=_positive, default=128, help="SGLang page size = OScaR block R (default 128)")
+    plan.add_argument("--max-running-requests", type=_positive, default=64)
+    plan.add_argument("--max-prefill-tokens", type=_positive, default=16384)
+    plan.add_argument("--k-group", type=int, default=32)
+    plan.add_argument("--v-group", type=int, default=32)
+    plan.add_argument("--norm-scope", choices=("layer", "head"), default="layer")
 
     model = sub.add_parser("model", help="the default model")
     msub = model.add_subparsers(dest="model_command", required=True)
@@ -192,6 +207,50 @@ def plot_tni(rows: list[dict[str, float]], png: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _plan_shape(args: argparse.Namespace) -> tuple[str, int, int, int]:
+    if args.shape:
+        try:
+            layers, heads, head_dim = (int(x) for x in args.shape.split(","))
+        except ValueError:
+            raise OscarConfigError(f"--shape wants LAYERS,KV_HEADS,HEAD_DIM as three integers, got {args.shape!r}") from None
+        return args.shape, layers, heads, head_dim
+    from .hf_cache import model_kv_shape
+
+    name = args.model or "default"
+    if name == "default":
+        from .model import DEFAULT_NAME, load
+
+        lm, _ = load("default")
+        return DEFAULT_NAME, *model_kv_shape(lm.config)
+    from transformers import AutoConfig
+
+    if not (Path(name) / "config.json").is_file():
+        raise FileNotFoundError(f"{name!r} is not a local Hugging Face model folder (no config.json)")
+    return name, *model_kv_shape(AutoConfig.from_pretrained(name))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .runtime import plan_memory, staging_slots_needed
+
+    if args.gpu_mem_gb <= 0:
+        raise OscarConfigError(f"--gpu-mem-gb must be positive, got {args.gpu_mem_gb}")
+    cfg = OscarConfig(k_group=args.k_group, v_group=args.v_group, residual=args.page_size, norm_scope=args.norm_scope)
+    name, layers, heads, head_dim = _plan_shape(args)
+    cfg.check_shape(heads, head_dim)
+    staging = staging_slots_needed(max_running_requests=args.max_running_requests,
+                                   max_prefill_tokens=args.max_prefill_tokens, page_size=args.page_size)
+    rows = plan_memory(layers=layers, kv_heads=heads, head_dim=head_dim, page_size=args.page_size,
+                       budget_bytes=int(args.gpu_mem_gb * 1e9), staging_pages=staging, config=cfg)
+    bf16 = next(r for r in rows if r.dtype == "bf16")
+    print(f"model: {name}  ({layers} layers, {heads} KV heads, head_dim {head_dim}); KV budget {args.gpu_mem_gb:g} GB, "
+          f"page {args.page_size}, {staging} BF16 staging pages for {args.max_running_requests} requests")
+    print(f"{'KV format':<9} {'bytes/token':>12} {'staging GB':>11} {'tokens that fit':>16} {'vs BF16':>8}")
+    for r in rows:
+        print(f"{r.dtype:<9} {r.bytes_per_token:>12.1f} {r.staging_bytes / 1e9:>11.3f} {r.tokens:>16,} "
+              f"{r.tokens / max(bf16.tokens, 1):>7.2f}x")
+    return 0
+
+
 def cmd_model_path(args: argparse.Namespace) -> int:
     from .model import convert_default
 
@@ -207,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_eval_ppl(args)
         if args.command == "eval" and args.eval_command == "tni":
             return cmd_eval_tni(args)
+        if args.command == "plan":
+            return cmd_plan(args)
         if args.command == "model" and args.model_command == "path":
             return cmd_model_path(args)
     except (OscarConfigError, FileNotFoundError, ValueError) as exc:

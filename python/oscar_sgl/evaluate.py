@@ -71,7 +71,7 @@ def _prefill(model: Any, ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
 
 def _copy_prefix(exact: Any, cache: OscarCache) -> None:
     """Put the exact prefix KV into an OscarCache and seal its whole blocks."""
-    for layer_src, layer_dst in zip(exact.layers, cache.layers):
+    for layer_src, layer_dst in zip(exact.layers, cache.oscar_layers):
         layer_dst.update(layer_src.keys, layer_src.values)
     cache.flush()
 
@@ -166,7 +166,7 @@ def collect_keys(model: Any, ids: torch.Tensor) -> list[torch.Tensor]:
     """Post-RoPE keys `[H, T, D]` fp32 of every layer for one sequence, as the cache receives them."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache: Any = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(ids, past_key_values=cache, use_cache=True)
     return [layer.keys[0].float() for layer in cache.layers]

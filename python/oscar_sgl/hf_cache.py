@@ -187,19 +187,20 @@ class OscarCache(Cache):
         num_layers, heads, head_dim = model_kv_shape(model_config)
         self.cfg.check_shape(heads, head_dim)
         self.num_kv_heads, self.head_dim = heads, head_dim
-        super().__init__(layers=[OscarLayer(self.cfg, heads, head_dim) for _ in range(num_layers)])
+        self.oscar_layers = [OscarLayer(self.cfg, heads, head_dim) for _ in range(num_layers)]
+        super().__init__(layers=list(self.oscar_layers))
 
     def flush(self) -> None:
         """Seal every whole block now (call after a prefill to quantize it, OSCAR.md §2.4)."""
-        for layer in self.layers:
+        for layer in self.oscar_layers:
             layer.flush()
 
     def memory(self) -> dict[str, float]:
         """True bytes held, and what BF16 would need for the same tokens."""
-        packed = sum(layer.packed_bytes() for layer in self.layers)
-        tail = sum(layer.tail_bytes() for layer in self.layers)
+        packed = sum(layer.packed_bytes() for layer in self.oscar_layers)
+        tail = sum(layer.tail_bytes() for layer in self.oscar_layers)
         tokens = self.get_seq_length()
-        first = self.layers[0] if self.layers else None
+        first = self.oscar_layers[0] if self.oscar_layers else None
         rows = len(first.k_blocks) if first is not None and first.is_initialized else 0
         bf16 = 2 * 2 * len(self.layers) * rows * tokens * self.num_kv_heads * self.head_dim
         return {

@@ -1,0 +1,149 @@
+"""The `oscar` attention backend: attention over an `OscarKVPool`.
+
+The Canalized (Walsh-Hadamard) rotation lives here, so model code is untouched: q and k arrive
+after RoPE and are rotated inside; v is rotated on the way into a sealed page (the seal); the
+attention output is accumulated in the rotated basis and un-rotated once.
+
+What a query at position i of a step that starts at position s0 sees (block flush with R = page
+size, docs/LAYOUT.md and OSCAR.md §4): the pages sealed before this step (all whole pages below
+s0's page) as codes (dequantized, logits times s_t), and everything from that page boundary up to
+i exactly (BF16 staging of the open page, then this step's own K/V). So a fresh prompt keeps exact
+attention and is sealed afterwards, a prefix-cache hit attends to the sealed shared pages, and a
+decode step is exactly `oscar_sgl.reference.decode_attention` (the CPU path calls it).
+
+TODO(gpu): on CUDA the same structure should call `oscar_sgl.kernels` (`oscar_write_kv`,
+`oscar_seal`, `oscar_decode_attention`, `oscar_extend_attention`); today the torch path runs on
+every device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import reference as ref
+
+
+def _make_backend_class() -> type:
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    class OscarAttnBackend(TorchNativeAttnBackend):  # type: ignore[misc, valid-type]
+        """Subclasses the torch-native backend for its metadata handling; every forward is ours."""
+
+        def __init__(self, model_runner: Any) -> None:
+            super().__init__(model_runner)
+            pool = self.token_to_kv_pool
+            if not hasattr(pool, "oscar_config"):
+                raise RuntimeError(
+                    "the 'oscar' attention backend needs the OScaR KV pool: start the server with "
+                    "--kv-cache oscar (not --attention-backend oscar alone)"
+                )
+            self.cfg = pool.oscar_config
+
+        def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
+                           forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+            fb = forward_batch
+            seq = fb.seq_lens.tolist()
+            pre = fb.extend_prefix_lens.tolist()
+            return self._forward(q, k, v, layer, fb, pre, seq, save_kv_cache, decode=False)
+
+        def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
+                           forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+            seq = forward_batch.seq_lens.tolist()
+            pre = [s - 1 for s in seq]
+            return self._forward(q, k, v, layer, forward_batch, pre, seq, save_kv_cache, decode=True)
+
+        def _forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
+                     pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
+            if layer.is_cross_attention:
+                raise NotImplementedError("--kv-cache oscar: cross-attention is not supported")
+            pool = self.token_to_kv_pool
+            li = layer.layer_id - pool.start_layer
+            p = pool.page_size
+            hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+            req_to_token = self.req_to_token_pool.req_to_token
+            rows = fb.req_pool_indices.tolist()
+            # The BF16 tokens of each request's open page, read before this step's write can seal it.
+            prev: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+            for r, s0 in zip(rows, pre):
+                start = s0 // p * p
+                prev.append(pool.open_tokens(li, req_to_token[r, start:s0].to(torch.int64)) if s0 > start else None)
+            if save_kv_cache and k is not None and v is not None:
+                pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+            k_new = k.reshape(-1, h, d)
+            v_new = v.reshape(-1, h, d)
+            q_ = q.reshape(-1, hq, d)
+            out = torch.empty(q_.shape[0], hq, d, dtype=q.dtype, device=q.device)
+            at = 0
+            for i, (r, s0, s1) in enumerate(zip(rows, pre, seq)):
+                n = s1 - s0
+                start = s0 // p * p
+                k_fp = k_new[at:at + n].transpose(0, 1).float()
+                v_fp = v_new[at:at + n].transpose(0, 1).float()
+                if prev[i] is not None:
+                    k_fp = torch.cat((prev[i][0].float(), k_fp), dim=1)
+                    v_fp = torch.cat((prev[i][1].float(), v_fp), dim=1)
+                n_sealed = s0 // p  # pages sealed before this step; later tokens of the step stay exact
+                pages = req_to_token[r, 0:n_sealed * p:p].to(torch.int64) // p
+                blocks = pool.sealed_blocks(li, pages) if n_sealed else None
+                if decode:
+                    o = ref.decode_attention(
+                        q_[at], [blocks[0]] if blocks else [], [blocks[1]] if blocks else [],
+                        k_fp, v_fp, self.cfg, layer.scaling,
+                    )
+                    out[at] = o.to(q.dtype)
+                else:
+                    out[at:at + n] = self._extend_one(q_[at:at + n], blocks, k_fp, v_fp, s0, start,
+                                                      h, layer.scaling).to(q.dtype)
+                at += n
+            return out.reshape(-1, hq * d)
+
+        def _extend_one(self, q: torch.Tensor, blocks: Any, k_fp: torch.Tensor, v_fp: torch.Tensor,
+                        s0: int, start: int, h: int, sm_scale: float) -> torch.Tensor:
+            """Causal attention of `t` new queries `[t, Hq, D]` at positions s0.. of one request.
+
+            `blocks`: the pages sealed before this step (positions < start), all visible to every
+            query; `k_fp`/`v_fp`: `[H, m, D]` exact tokens at positions start.. (the open page's
+            staging, then the new tokens), causally masked."""
+            cfg = self.cfg
+            t, hq, d = q.shape
+            g = hq // h
+            q_rot = ref.rotate(q, cfg).reshape(t, h, g, d)
+            pos = torch.arange(s0, s0 + t, device=q.device)
+            logits, values, masks = [], [], []
+            if blocks is not None:
+                kb, vb = blocks
+                k_bar = ref.unpack_k(kb, cfg, d)
+                lg = torch.einsum("thgd,hnd->hgtn", q_rot, k_bar)
+                if kb.scale is not None:
+                    lg = lg * ref._broadcast_scale(kb.scale, h).transpose(1, 2)[:, :, None, :]
+                logits.append(lg)
+                values.append(ref.unpack_v(vb, cfg, d))
+                masks.append(torch.ones(t, k_bar.shape[1], dtype=torch.bool, device=q.device))
+            logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, ref.rotate(k_fp, cfg)))
+            values.append(ref.rotate(v_fp, cfg))
+            j = torch.arange(start, start + k_fp.shape[1], device=q.device)
+            masks.append(j[None, :] <= pos[:, None])
+            lg = torch.cat(logits, dim=3) * sm_scale
+            lg = lg.masked_fill(~torch.cat(masks, dim=1)[None, None], float("-inf"))
+            prob = torch.softmax(lg, dim=-1)
+            o = torch.einsum("hgtn,hnd->thgd", prob, torch.cat(values, dim=1)).reshape(t, hq, d)
+            return ref.rotate(o, cfg)
+
+    return OscarAttnBackend
+
+
+_BACKEND: type | None = None
+
+
+def backend_class() -> type:
+    global _BACKEND
+    if _BACKEND is None:
+        _BACKEND = _make_backend_class()
+    return _BACKEND
+
+
+def create_oscar_backend(runner: Any) -> Any:
+    """The factory SGLang's attention registry calls with the model runner."""
+    return backend_class()(runner)

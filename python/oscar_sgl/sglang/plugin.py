@@ -1,0 +1,206 @@
+"""`register()`: the `sglang.srt.plugins` entry point of oscar-sgl.
+
+SGLang runs every general plugin in each of its processes (launcher, scheduler, detokenizer, DP
+controller) before anything else, then applies the registered hooks. So `register()` is cheap and
+idempotent and this module imports nothing heavy at module level: each hook imports its own
+dependencies when it first runs.
+
+Registered into pyproject as::
+
+    [project.entry-points."sglang.srt.plugins"]
+    oscar = "oscar_sgl.sglang.plugin:register"
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+#: Every SGLang object we hook: (dotted target, hook type name, hook). `tests/test_sglang_plugin.py`
+#: imports each target, because SGLang's registry only *logs* a missing one.
+HOOKS: list[tuple[str, str, Callable[..., Any]]] = []
+
+_registered = False
+
+KV_CACHE_CHOICES = ("default", "oscar")
+BACKEND_NAME = "oscar"
+
+
+def _hook(target: str, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        HOOKS.append((target, kind, fn))
+        return fn
+
+    return deco
+
+
+# --------------------------------------------------------------------------------------------
+# Flags
+# --------------------------------------------------------------------------------------------
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add `--kv-cache` and the `--oscar-*` flags (defaults are `OscarConfig`'s)."""
+    from ..config import OscarConfig
+
+    d = OscarConfig()
+    g = parser.add_argument_group("OScaR KV cache (oscar-sgl plug-in)")
+    g.add_argument(
+        "--kv-cache", choices=KV_CACHE_CHOICES, default="default",
+        help="KV-cache format. 'oscar': OScaR INT2/INT4 (Walsh-Hadamard rotation + token scaling, "
+        "packed pages, BF16 staging for open pages); implies --attention-backend oscar and "
+        "--page-size = --oscar-page-size.",
+    )
+    g.add_argument("--oscar-bits", type=int, default=d.bits, help="OScaR code width: 2 or 4.")
+    g.add_argument("--oscar-k-group", type=int, default=d.k_group,
+                   help="Tokens per key quantization group (per head and channel); divides the page size.")
+    g.add_argument("--oscar-v-group", type=int, default=d.v_group,
+                   help="Channels per value quantization group; divides head_dim.")
+    g.add_argument("--oscar-page-size", "--oscar-residual", dest="oscar_page_size", type=int,
+                   default=d.residual,
+                   help="Tokens per OScaR page = the BF16 residual window R; a multiple of --oscar-k-group. "
+                   "SGLang's --page-size follows it.")
+    g.add_argument("--oscar-norm-scope", choices=("layer", "head"), default=d.norm_scope,
+                   help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head'. "
+                   "Under tensor parallelism 'layer' means the heads of this rank.")
+    g.add_argument("--oscar-no-rotation", action="store_true", help="Ablation: no Walsh-Hadamard rotation.")
+    g.add_argument("--oscar-no-token-scaling", action="store_true", help="Ablation: no token scaling.")
+
+
+def oscar_config_of(server_args: Any):
+    """The `OscarConfig` a (possibly unpickled) `ServerArgs` carries, or None."""
+    from ..config import OscarConfig
+    from .validate import SERVER_ARGS_ATTR
+
+    d = getattr(server_args, SERVER_ARGS_ATTR, None)
+    return None if d is None else OscarConfig(**d)
+
+
+@_hook("sglang.srt.server_args.ServerArgs.add_cli_args", "AROUND")
+def _around_add_cli_args(original: Callable[..., Any], parser: argparse.ArgumentParser) -> Any:
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
+    result = original(parser)
+    add_flags(parser)
+    return result
+
+
+@_hook("sglang.srt.server_args.ServerArgs.from_cli_args", "AROUND")
+def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argparse.Namespace) -> Any:
+    from .validate import SERVER_ARGS_ATTR, check_server_args, config_from_namespace
+
+    cfg = config_from_namespace(args)
+    if cfg is not None:
+        check_server_args(args, cfg)
+        args.attention_backend = BACKEND_NAME
+        args.page_size = cfg.residual
+    server_args = original(cls, args)
+    if cfg is not None:
+        # An underscore name outside the Struct's fields: allowed on the sealed record and pickled
+        # with its __dict__ to every worker process.
+        setattr(server_args, SERVER_ARGS_ATTR, cfg.to_dict())
+    return server_args
+
+
+# --------------------------------------------------------------------------------------------
+# Pool sizing and construction (scheduler processes)
+# --------------------------------------------------------------------------------------------
+
+
+@_hook("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size", "AROUND")
+def _around_compute_cell_size(original: Callable[..., Any], self: Any, kvc: Any, num_layers: int) -> int:
+    cfg = oscar_config_of(kvc.server_args)
+    if cfg is None:
+        return original(self, kvc, num_layers)
+    from .pool import cell_size_bytes
+
+    from sglang.srt.runtime_context import get_parallel
+
+    heads = kvc.model_config.get_num_kv_heads(get_parallel().attn_tp_size)
+    return cell_size_bytes(cfg, heads, kvc.model_config.head_dim, num_layers)
+
+
+@_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class", "AROUND")
+def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, kind: str, default: type) -> type:
+    cfg = oscar_config_of(self.server_args)
+    if cfg is None:
+        return original(self, kind=kind, default=default)
+    if kind != "mha":
+        return original(self, kind=kind, default=default)
+    from sglang.srt.runtime_context import get_parallel
+
+    from .pool import pool_class_for
+    from .validate import check_model
+
+    check_model(
+        cfg, self.model_config, tp_size=get_parallel().attn_tp_size, use_mla=bool(self.use_mla_backend),
+        is_hybrid_swa=bool(self.is_hybrid_swa), is_hybrid_linear=self.mambaish_config is not None,
+    )
+    return pool_class_for(
+        cfg,
+        max_running_requests=getattr(self.server_args, "max_running_requests", None),
+        enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
+    )
+
+
+@_hook("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
+       "_build_full_attention_backend_from_str", "BEFORE")
+def _before_build_backend(*args: Any, **kwargs: Any) -> None:
+    if kwargs.get("backend_str") == BACKEND_NAME:
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        if BACKEND_NAME not in ATTENTION_BACKENDS:
+            from .backend import create_oscar_backend
+
+            ATTENTION_BACKENDS[BACKEND_NAME] = create_oscar_backend
+    return None
+
+
+@_hook("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids", "BEFORE")
+def _before_release_page_ids(self: Any, *page_ids: Any) -> None:
+    """Every page SGLang frees gives its BF16 staging page back (request end, abort, eviction)."""
+    pool = getattr(self, "_kvcache", None)
+    release = getattr(pool, "oscar_release_pages", None)
+    if release is not None:
+        for ids in page_ids:
+            release(ids)
+    return None
+
+
+@_hook("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear", "AFTER")
+def _after_allocator_clear(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    pool = getattr(self, "_kvcache", None)
+    reset = getattr(pool, "oscar_reset", None)
+    if reset is not None:
+        reset()
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics (server info; Prometheus gauges live in the pool, see metrics.py)
+# --------------------------------------------------------------------------------------------
+
+
+@_hook("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_memory_usage",
+       "AFTER")
+def _after_add_memory_usage(result: Any, self: Any, state: dict, *args: Any, **kwargs: Any) -> Any:
+    pool = self.scheduler.token_to_kv_pool_allocator.get_kvcache()
+    if hasattr(pool, "oscar_config"):
+        from .metrics import snapshot
+
+        state["oscar"] = snapshot(pool)
+    return result
+
+
+def register() -> None:
+    """Register the OScaR hooks with SGLang's HookRegistry (cheap, idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, kind, fn in HOOKS:
+        HookRegistry.register(target, fn, HookType[kind])
+    _registered = True

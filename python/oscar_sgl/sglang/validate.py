@@ -1,0 +1,127 @@
+"""Startup validation: every configuration OScaR cannot serve fails here, with a message that names
+the flag or the model property, never later inside a kernel.
+
+Two stages:
+- `config_from_namespace` + `check_server_args`: in the launcher, right after argument parsing
+  (flags only, no model);
+- `check_model`: in each scheduler process when the KV pool is built (the model config is known).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import OscarConfig, OscarConfigError
+
+#: The attribute that carries the OScaR settings on SGLang's `ServerArgs`. It is a plain dict in the
+#: record's `__dict__`, which `ServerArgs.__reduce__` pickles to every worker process.
+SERVER_ARGS_ATTR = "_oscar_kv_cache"
+
+
+class OscarStartupError(OscarConfigError):
+    """A server configuration OScaR cannot run with (raised at startup)."""
+
+
+def config_from_namespace(ns: Any) -> OscarConfig | None:
+    """The `OscarConfig` the `--oscar-*` flags describe, or None when `--kv-cache` is not `oscar`."""
+    if getattr(ns, "kv_cache", "default") != "oscar":
+        return None
+    try:
+        return OscarConfig(
+            bits=ns.oscar_bits,
+            k_group=ns.oscar_k_group,
+            v_group=ns.oscar_v_group,
+            residual=ns.oscar_page_size,
+            rotation=not ns.oscar_no_rotation,
+            token_scaling=not ns.oscar_no_token_scaling,
+            norm_scope=ns.oscar_norm_scope,
+        )
+    except OscarConfigError as e:
+        raise OscarStartupError(f"--kv-cache oscar: {_flagify(str(e))}") from None
+
+
+def _flagify(msg: str) -> str:
+    for field, flag in (
+        ("bits", "--oscar-bits"),
+        ("k_group", "--oscar-k-group"),
+        ("v_group", "--oscar-v-group"),
+        ("residual", "--oscar-page-size"),
+        ("norm_scope", "--oscar-norm-scope"),
+    ):
+        if msg.startswith(field + " "):
+            return flag + msg[len(field):]
+    return msg
+
+
+def check_server_args(ns: Any, cfg: OscarConfig) -> None:
+    """Reject the SGLang features that would drop or mis-handle OScaR's scales (flags only)."""
+    page = getattr(ns, "page_size", None)
+    if page is not None and page != cfg.residual:
+        raise OscarStartupError(
+            f"--kv-cache oscar: --page-size {page} differs from --oscar-page-size {cfg.residual}; "
+            "an OScaR page is the unit of sealing, so SGLang's page must be the same "
+            "(omit --page-size and it follows --oscar-page-size)"
+        )
+    backend = getattr(ns, "attention_backend", None)
+    if backend not in (None, "oscar"):
+        raise OscarStartupError(
+            f"--kv-cache oscar needs the oscar attention backend, got --attention-backend {backend}; "
+            "omit --attention-backend"
+        )
+    for name in ("prefill_attention_backend", "decode_attention_backend"):
+        value = getattr(ns, name, None)
+        if value not in (None, "oscar"):
+            raise OscarStartupError(
+                f"--kv-cache oscar: --{name.replace('_', '-')} {value} would read the packed pool as BF16; omit it"
+            )
+    kv_dtype = getattr(ns, "kv_cache_dtype", "auto")
+    if kv_dtype not in (None, "auto", "bfloat16", "bf16", "float16", "float32"):
+        raise OscarStartupError(
+            f"--kv-cache oscar replaces --kv-cache-dtype {kv_dtype}; use one or the other"
+        )
+    rejected = [
+        (bool(getattr(ns, "enable_hierarchical_cache", False)), "--enable-hierarchical-cache (HiCache)",
+         "its host tier copies K/V only and would drop the per-page scales"),
+        (getattr(ns, "disaggregation_mode", "null") not in (None, "null"), "--disaggregation-mode (PD disaggregation)",
+         "the KV transfer moves scales only for MXFP8"),
+        (getattr(ns, "speculative_algorithm", None) is not None, "--speculative-algorithm",
+         "speculative paths write through set_kv_buffer_prefix_valid and move slots without scales"),
+        (bool(getattr(ns, "enable_kv_cache_sharding", False)), "--enable-kv-cache-sharding",
+         "page sharding splits a page across ranks; an OScaR page is quantized whole"),
+        (bool(getattr(ns, "enable_page_major_kv_layout", False)), "--enable-page-major-kv-layout",
+         "the page-major envelope is a different byte layout"),
+        (bool(getattr(ns, "enable_unified_memory", False)), "--enable-unified-memory",
+         "the unified pool builds its own KV buffers"),
+    ]
+    for bad, flag, why in rejected:
+        if bad:
+            raise OscarStartupError(f"--kv-cache oscar is not compatible with {flag}: {why}")
+
+
+def check_model(cfg: OscarConfig, model_config: Any, *, tp_size: int, use_mla: bool,
+                is_hybrid_swa: bool, is_hybrid_linear: bool) -> None:
+    """Reject models OScaR cannot serve. `model_config` is SGLang's `ModelConfig`."""
+    if use_mla:
+        raise OscarStartupError(
+            "--kv-cache oscar supports multi-head / grouped-query attention pools only; this model "
+            "uses MLA (latent KV), which OScaR does not quantize"
+        )
+    if is_hybrid_swa:
+        raise OscarStartupError("--kv-cache oscar does not support hybrid sliding-window models (SWA pool)")
+    if is_hybrid_linear:
+        raise OscarStartupError("--kv-cache oscar does not support hybrid linear-attention / Mamba models")
+    total_kv = model_config.get_total_num_kv_heads()
+    if total_kv % tp_size != 0:
+        raise OscarStartupError(
+            f"--kv-cache oscar needs whole KV heads on every tensor-parallel rank: the model has "
+            f"{total_kv} KV heads, which do not divide across --tp-size {tp_size} (replicated KV heads "
+            "would give each replica its own token scales)"
+        )
+    head_dim = model_config.head_dim
+    v_head_dim = getattr(model_config, "v_head_dim", head_dim) or head_dim
+    if v_head_dim != head_dim:
+        raise OscarStartupError(f"--kv-cache oscar needs equal K and V head dims, got {head_dim} and {v_head_dim}")
+    try:
+        cfg.check_shape(total_kv // tp_size, head_dim)
+    except OscarConfigError as e:
+        raise OscarStartupError(f"--kv-cache oscar cannot serve this model: {e}") from None

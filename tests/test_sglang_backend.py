@@ -1,0 +1,115 @@
+"""The OScaR pool + `oscar` backend on device="cpu" with SGLang's real pool / req-to-token / layer
+classes: writes through the backend, then attention equals `reference.decode_attention`.
+
+`model_runner` and `forward_batch` are plain namespaces holding only the fields the backend reads
+(building a real ModelRunner needs a loaded model; the real server test covers that path).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from oscar_sgl import reference as ref  # noqa: E402
+from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
+from oscar_sgl.sglang.metrics import snapshot  # noqa: E402
+from oscar_sgl.sglang.pool import pool_class_for  # noqa: E402
+
+H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
+CFG = OscarConfig(bits=2, k_group=8, v_group=8, residual=P)
+
+
+def _setup(max_tokens=256):
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    pool = pool_class_for(CFG, max_running_requests=4)(
+        max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
+        device="cpu", enable_memory_saver=False,
+    )
+    r2t = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool)
+    backend = create_oscar_backend(runner)
+    layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
+    return pool, r2t, backend, layers
+
+
+def _batch(row, slots, prefix, seq):
+    return SimpleNamespace(
+        req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([seq]),
+        extend_prefix_lens=torch.tensor([prefix]), out_cache_loc=slots[prefix:seq],
+    )
+
+
+def _expected(q, k_all, v_all, pos, step_start):
+    """reference.decode_attention for the query at `pos` of a step starting at `step_start`: the pages
+    sealed before the step quantized, everything after them exact (a fresh prompt is exact)."""
+    own = step_start // P * P
+    kbs, vbs = [], []
+    for s in range(0, own, P):
+        kb, vb = ref.seal(k_all[:, s:s + P], v_all[:, s:s + P], CFG)
+        kbs.append(kb)
+        vbs.append(vb)
+    return ref.decode_attention(q, kbs, vbs, k_all[:, own:pos + 1], v_all[:, own:pos + 1], CFG, D ** -0.5)
+
+
+@pytest.mark.parametrize("prefill", [37, 32, 5])
+def test_extend_then_decode_equals_reference(prefill):
+    torch.manual_seed(prefill)
+    pool, r2t, backend, layers = _setup()
+    total = prefill + 20
+    # Pages 3.. in order (page 0 is SGLang's padding page), as the paged allocator hands them out.
+    slots = torch.arange(3 * P, 3 * P + total, dtype=torch.int64)
+    r2t.req_to_token[1, :total] = slots.to(torch.int32)
+    k_all = torch.randn(LAYERS, H, total, D) * torch.linspace(0.5, 4, total)[None, None, :, None]
+    v_all = torch.randn(LAYERS, H, total, D)
+    q_all = torch.randn(LAYERS, total, HQ, D)
+
+    def step(prefix, seq, decode):
+        fb = _batch(1, slots, prefix, seq)
+        for li, layer in enumerate(layers):
+            k = k_all[li, :, prefix:seq].transpose(0, 1).contiguous()
+            v = v_all[li, :, prefix:seq].transpose(0, 1).contiguous()
+            q = q_all[li, prefix:seq].reshape(seq - prefix, HQ * D)
+            fwd = backend.forward_decode if decode else backend.forward_extend
+            o = fwd(q, k, v, layer, fb).reshape(seq - prefix, HQ, D)
+            for i, pos in enumerate(range(prefix, seq)):
+                want = _expected(q_all[li, pos], k_all[li], v_all[li], pos, prefix)
+                torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
+
+    step(0, prefill, decode=False)  # a fresh prompt: exact attention
+    step(prefill, prefill + 9, decode=False)  # a prefix-cache hit / chunked prefill: sealed pages + exact rest
+    for s in range(prefill + 9, total):
+        step(s, s + 1, decode=True)
+    # Sealed pages hold exactly the reference bytes.
+    for li in range(LAYERS):
+        kb, vb = ref.seal(k_all[li, :, :P], v_all[li, :, :P], CFG)
+        assert torch.equal(pool.k_codes[li][3], kb.codes) and torch.equal(pool.v_codes[li][3], vb.codes)
+        assert torch.equal(pool.k_params[li][3], kb.params) and torch.equal(pool.scales[li][3], kb.scale)
+    states = pool.oscar_page_states()
+    assert states["sealed"] == total // P and states["open"] == 1
+    # Freeing the request's pages returns the staging page.
+    pool.oscar_release_pages(torch.unique(slots // P))
+    assert pool.oscar_page_states() == {"sealed": 0, "open": 0, "staging_in_use": 0,
+                                       "staging_total": pool.num_staging}
+
+
+def test_cell_size_and_snapshot():
+    pool, *_ = _setup()
+    s = snapshot(pool)
+    assert s["kv_bytes_per_token"] == CFG.bytes_per_token(H, D) * LAYERS
+    assert s["compression_ratio"] == pytest.approx(2 * H * D * 2 / CFG.bytes_per_token(H, D))
+    assert s["pages"]["free"] == pool.num_pages - 1
+
+
+def test_plain_reads_fail_loudly():
+    pool, *_ = _setup()
+    with pytest.raises(NotImplementedError, match="packed"):
+        pool.get_key_buffer(0)
+    with pytest.raises(NotImplementedError, match="retraction"):
+        pool.get_cpu_copy(torch.arange(4))
