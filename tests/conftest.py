@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# The Triton kernel tests run through Triton's CPU interpreter when there is no GPU. triton.jit reads
+# the variable when it decorates a kernel, i.e. at the first import of oscar_sgl.kernels: set it
+# before any test module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +35,20 @@ def emma_ids(smollm2):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty / empty_like return NaN-filled float tensors (0xFF bytes otherwise) for the
+    test's duration, so a kernel output or workspace that is never written fails loudly."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool and t.dim() and t.is_contiguous():
+            t.view(torch.uint8).fill_(0xFF)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))

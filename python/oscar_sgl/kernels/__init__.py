@@ -1,0 +1,24 @@
+"""OScaR Triton kernels (sources in the repository's top-level ``triton_kernels/``, shipped here).
+
+- ``oscar_write_kv``: rotate + s_t + BF16 staging write of a step's new K/V (optionally the queries).
+- ``oscar_rotate_q``: the query rotation as one small launch.
+- ``oscar_seal``: quantize + pack whole staging pages into the pool, one launch per step.
+- ``oscar_decode_attention``: split-KV decode over sealed (INT2/INT4) pages + the open BF16 page.
+- ``oscar_extend_attention``: new tokens over a sealed prefix plus themselves, causal.
+
+Importing this package needs ``triton``; ``import oscar_sgl`` does not.
+"""
+
+from .decode import oscar_decode_attention, pick_num_splits
+from .extend import oscar_extend_attention
+from .seal import oscar_seal
+from .write import oscar_rotate_q, oscar_write_kv
+
+__all__ = [
+    "oscar_decode_attention",
+    "oscar_extend_attention",
+    "oscar_rotate_q",
+    "oscar_seal",
+    "oscar_write_kv",
+    "pick_num_splits",
+]

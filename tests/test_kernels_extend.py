@@ -1,0 +1,93 @@
+"""Extend attention: new tokens over a cached (sealed / open) prefix plus themselves, causal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_kernels_support import ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, reference_extend, rel_rms
+
+from oscar_sgl.config import OscarConfig
+from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
+
+
+def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, open_full=()):
+    """cases: (prefix_len, new_tokens) per request; a full last prefix page is sealed unless the
+    request is in ``open_full``."""
+    gen = torch.Generator().manual_seed(seed)
+    # the pool holds the prefix; the new tokens come from the step's own k/v
+    sealed_last = {b for b, (pre, _) in enumerate(cases) if pre and pre % p == 0 and b not in open_full}
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[max(pre, 1) for pre, _ in cases], last_sealed=sealed_last, device=device, seed=seed)
+    qs, ks, vs, qo = [], [], [], [0]
+    for _, n in cases:
+        qs.append(torch.randn(n, h * group, d, generator=gen).bfloat16())
+        ks.append(torch.randn(n, h, d, generator=gen).bfloat16())
+        vs.append(torch.randn(n, h, d, generator=gen).bfloat16())
+        qo.append(qo[-1] + n)
+    q, k, v = (torch.cat(x).to(device) for x in (qs, ks, vs))
+    out = torch.full(q.shape, float("nan"), device=device)
+    q_rot = None
+    if use_write_q:
+        # the write launch of the step also rotates the queries (staging writes go to page 0, sealed)
+        q_rot = oscar_write_kv(
+            k=k, v=v, loc=torch.zeros(k.shape[0], dtype=torch.int64, device=device), page_to_staging=pool.page_to_staging,
+            staging_k=pool.staging_k, staging_v=pool.staging_v, staging_scale=pool.staging_scale, rotation=cfg.rotation, q=q,
+        )  # fmt: skip
+    sm = 1.0 / math.sqrt(d)
+    oscar_extend_attention(
+        q=q, k=k, v=v, qo_indptr=torch.tensor(qo, dtype=torch.int32, device=device), **pool.pool_kwargs(),
+        kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
+        prefix_lens=torch.tensor([pre for pre, _ in cases], dtype=torch.int32, device=device),
+        sm_scale=sm, q_rot=q_rot, out=out,
+    )  # fmt: skip
+    ref = torch.cat([reference_extend(pool, b, pre, qs[b], ks[b], vs[b], sm) for b, (pre, _) in enumerate(cases)])
+    return rel_rms(out, ref)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("d,group,p", [(64, 1, 32), (128, 4, 64), (64, 3, 32)])
+def test_extend_matches_reference(bits, d, group, p):
+    cfg = OscarConfig(bits=bits, residual=p)
+    # fresh prompt; a sealed prefix; a sealed + open (partial) prefix; one new token after 2 pages
+    # and a full prefix page still open in staging (not sealed yet)
+    cases = [(0, 37), (p, 5), (p + 13, 20), (2 * p, 1), (2 * p, 3)]
+    err = _run(cfg, h=2, group=group, d=d, p=p, cases=cases, seed=bits + d + group, open_full={4})
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+def test_extend_fresh_prompt_is_exact_attention():
+    """No cached prefix: plain causal attention on the BF16 inputs (only fp32 accumulation and the
+    bf16 probabilities of the P.V product differ from an fp32 softmax)."""
+    cfg = OscarConfig(bits=2, residual=32)
+    err = _run(cfg, h=1, group=4, d=128, p=32, cases=[(0, 50), (0, 1)], seed=9)
+    assert err < 3e-3, f"relative RMS {err:.2e}"
+
+
+@pytest.mark.parametrize("method", ["kivi", "scaling-only"])
+def test_extend_ablations(method):
+    cfg = OscarConfig.for_method(method, bits=2, residual=32)
+    err = _run(cfg, h=1, group=2, d=64, p=32, cases=[(45, 9), (32, 3)], seed=10, use_write_q=True)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+def test_extend_with_fused_query_rotation():
+    cfg = OscarConfig(bits=4, residual=32)
+    err = _run(cfg, h=2, group=2, d=64, p=32, cases=[(70, 6), (0, 4)], seed=11, use_write_q=True)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+def test_extend_d256():
+    cfg = OscarConfig(bits=2, residual=32)
+    err = _run(cfg, h=1, group=2, d=256, p=32, cases=[(40, 17)], seed=12)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+def test_extend_gpu_real_sizes(bits):
+    cfg = OscarConfig(bits=bits, residual=128)
+    cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
+    err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=13)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"

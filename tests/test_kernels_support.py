@@ -1,0 +1,241 @@
+"""Shared builders for the Triton kernel tests (no tests here).
+
+On a CPU-only machine the kernels run through Triton's interpreter (tests/conftest.py sets
+``TRITON_INTERPRET=1`` before anything imports ``oscar_sgl.kernels``), so the CPU shapes are tiny;
+the ``gpu`` tests repeat the checks at real sizes on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from oscar_sgl import reference as R
+from oscar_sgl.config import OscarConfig
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (real sizes); the CPU interpreter runs the tiny shapes")
+
+# Relative-RMS bounds of attention outputs against the fp32 torch reference (which dequantizes
+# the same packed bytes). Where the error comes from: keys/values are dequantized to fp16 in
+# registers (2^-11 relative), the query to fp16 (2^-11); on the open page the query and the
+# probabilities are bf16 operands, as in SGLang's own BF16 kernel (2^-9). Measured worst cases sit
+# at 1e-3 .. 2.1e-3 (interpreter and H200); the bounds leave 2.5x headroom. A bf16 output adds its
+# own rounding (2^-9 relative per element).
+ATTN_BOUND_FP32_OUT = 5e-3
+ATTN_BOUND_BF16_OUT = 1e-2
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.float().cpu()
+    ref = ref.float().cpu()
+    assert torch.isfinite(out).all(), "output has NaN/Inf (an unwritten element or a bad group)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def random_kv(h: int, n: int, d: int, *, kind: str = "normal", gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-RoPE-like keys/values ``[H, n, D]`` fp32 with unequal token norms (the TNI OScaR fixes)."""
+    k = torch.randn(h, n, d, generator=gen)
+    v = torch.randn(h, n, d, generator=gen)
+    norms = torch.rand(1, n, 1, generator=gen) * 4 + 0.05
+    if n:
+        norms[0, 0, 0] = 0.02  # a sink-like tiny token
+    k = k * norms
+    if kind == "zero":
+        k.zero_()
+        v.zero_()
+    elif kind == "constant":
+        k[:] = 0.75
+        v[:] = -1.25
+    elif kind == "signed_zero":
+        # groups of zeros of both signs: min/max must not depend on which zero the reduction meets
+        # first (docs/LAYOUT.md §1 canonicalizes -0.0 to +0.0)
+        k[:, :, : d // 2] = -0.0
+        k[:, 1::2, : d // 2] = 0.0
+        v[:, :, : min(32, d)] = -0.0
+        v[:, :, 1 : min(32, d) : 2] = 0.0
+    elif kind == "mixed":
+        # constant channels over whole key groups, constant value groups, an all-zero token
+        k[:, :, : d // 4] = 0.5
+        v[:, ::2, : min(32, d)] = 2.0
+        k[:, n // 2] = 0.0
+        v[:, n // 2] = 0.0
+    return k, v
+
+
+@dataclass
+class Pool:
+    """One layer's paged pool plus the per-request reference view of it."""
+
+    cfg: OscarConfig
+    h: int
+    d: int
+    p: int
+    k_codes: torch.Tensor
+    k_params: torch.Tensor
+    v_codes: torch.Tensor
+    v_params: torch.Tensor
+    scale: torch.Tensor | None
+    staging_k: torch.Tensor
+    staging_v: torch.Tensor
+    staging_scale: torch.Tensor | None
+    page_to_staging: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_page_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    k_blocks: list = field(default_factory=list)  # per request: sealed KBlocks
+    v_blocks: list = field(default_factory=list)
+    k_tail: list = field(default_factory=list)  # per request: [H, t, D] fp32 of the open page (un-rotated basis)
+    v_tail: list = field(default_factory=list)
+    stg_k_rot: list = field(default_factory=list)  # per request: [H, t, D] fp32 rotated staging values
+    stg_v_rot: list = field(default_factory=list)
+
+    def pool_kwargs(self) -> dict:
+        return dict(
+            k_codes=self.k_codes,
+            k_params=self.k_params,
+            v_codes=self.v_codes,
+            v_params=self.v_params,
+            scale=self.scale,
+            staging_k=self.staging_k,
+            staging_v=self.staging_v,
+            page_to_staging=self.page_to_staging,
+            bits=self.cfg.bits,
+            k_group=self.cfg.k_group,
+            v_group=self.cfg.v_group,
+            rotation=self.cfg.rotation,
+        )
+
+
+def build_pool(
+    cfg: OscarConfig,
+    *,
+    h: int,
+    d: int,
+    p: int,
+    lens: list[int],
+    last_sealed: set[int] = frozenset(),
+    kinds: dict[int, str] | None = None,
+    device: torch.device = DEVICE,
+    seed: int = 0,
+) -> Pool:
+    """A pool holding ``len(lens)`` requests, each on shuffled pages; every page but a request's last
+    is sealed (packed with the torch reference); the last page is open (rotated BF16 in staging)
+    unless it is full and the request's index is in ``last_sealed``. Spare pages are filled with
+    garbage so that a wrong page index shows."""
+    gen = torch.Generator().manual_seed(seed)
+    kinds = kinds or {}
+    n_pages = [-(-n // p) for n in lens]
+    total = sum(n_pages) + 3
+    nbytes = d * cfg.bits // 8
+    s_cols = cfg.scale_columns(h)
+    k_codes = torch.randint(0, 256, (total, h, p, nbytes), dtype=torch.uint8, generator=gen)
+    v_codes = torch.randint(0, 256, (total, h, p, nbytes), dtype=torch.uint8, generator=gen)
+    k_params = torch.randn(total, h, p // cfg.k_group, 2, d, generator=gen).half() * 50
+    v_params = torch.randn(total, h, p, 2, d // cfg.v_group, generator=gen).half() * 50
+    scale = torch.rand(total, p, s_cols, generator=gen) * 100 if s_cols else None
+    ns = len(lens) + 2
+    staging_k = torch.randn(ns, h, p, d, generator=gen).bfloat16() * 50
+    staging_v = torch.randn(ns, h, p, d, generator=gen).bfloat16() * 50
+    staging_scale = torch.rand(ns, p, s_cols, generator=gen) if s_cols else None
+    p2s = torch.full((total,), -1, dtype=torch.int32)
+    order = (torch.randperm(total - 1, generator=gen) + 1).tolist()
+    pool = Pool(
+        cfg, h, d, p, k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, staging_scale, p2s,
+        torch.zeros(len(lens) + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
+    )  # fmt: skip
+    pages: list[int] = []
+    nxt = 0
+    for b, n in enumerate(lens):
+        k, v = random_kv(h, n, d, kind=kinds.get(b, "normal"), gen=gen)
+        mine = order[nxt : nxt + n_pages[b]]
+        nxt += n_pages[b]
+        pages += mine
+        pool.kv_indptr[b + 1] = len(pages)
+        sealed = n_pages[b] - 1 if (n % p or b not in last_sealed) else n_pages[b]
+        kbs, vbs = [], []
+        for i in range(sealed):
+            kb, vb = R.seal(k[:, i * p : (i + 1) * p], v[:, i * p : (i + 1) * p], cfg)
+            k_codes[mine[i]] = kb.codes
+            k_params[mine[i]] = kb.params
+            v_codes[mine[i]] = vb.codes
+            v_params[mine[i]] = vb.params
+            if scale is not None:
+                scale[mine[i]] = kb.scale
+            kbs.append(kb)
+            vbs.append(vb)
+        t0 = sealed * p
+        k_rot = R.rotate(k[:, t0:], cfg).bfloat16()
+        v_rot = R.rotate(v[:, t0:], cfg).bfloat16()
+        if sealed < n_pages[b]:
+            p2s[mine[-1]] = b
+            staging_k[b, :, : n - t0] = k_rot
+            staging_v[b, :, : n - t0] = v_rot
+        pool.k_blocks.append(kbs)
+        pool.v_blocks.append(vbs)
+        # the reference rotates its tail itself: hand it the staged BF16 values taken back
+        pool.k_tail.append(R.rotate(k_rot.float(), cfg))
+        pool.v_tail.append(R.rotate(v_rot.float(), cfg))
+        pool.stg_k_rot.append(k_rot.float())
+        pool.stg_v_rot.append(v_rot.float())
+    pool.kv_page_indices = torch.tensor(pages, dtype=torch.int32)
+    for name in ("k_codes", "k_params", "v_codes", "v_params", "scale", "staging_k", "staging_v", "staging_scale",
+                 "page_to_staging", "kv_indptr", "kv_page_indices", "seq_lens"):  # fmt: skip
+        t = getattr(pool, name)
+        if t is not None:
+            setattr(pool, name, t.to(device))
+    return pool
+
+
+def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """``[B, Hq, D]`` fp32 reference outputs (``reference.decode_attention`` per request)."""
+    outs = []
+    for b in range(q.shape[0]):
+        outs.append(
+            R.decode_attention(q[b].float().cpu(), pool.k_blocks[b], pool.v_blocks[b], pool.k_tail[b], pool.v_tail[b], pool.cfg, sm_scale)
+        )
+    return torch.stack(outs)
+
+
+def reference_extend(
+    pool: Pool, b: int, prefix: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, sm_scale: float
+) -> torch.Tensor:
+    """Attention of ``n`` new tokens of request ``b`` over its first ``prefix`` pooled tokens plus
+    the new tokens, causal; ``[n, Hq, D]`` fp32. Built from reference primitives: sealed prefix
+    pages dequantized (logits times s_t, rotated basis), an open prefix page as its rotated BF16
+    staging values, new tokens exact in the model basis."""
+    cfg = pool.cfg
+    n, hq, d = q.shape
+    h = k_new.shape[1]
+    g = hq // h
+    q = q.float().cpu()
+    qr = R.rotate(q, cfg).reshape(n, h, g, d)
+    logits, vals = [], []
+    sealed = min(prefix // pool.p, len(pool.k_blocks[b]))
+    for kb, vb in zip(pool.k_blocks[b][:sealed], pool.v_blocks[b][:sealed]):
+        lg = torch.einsum("nhgd,htd->nhgt", qr, R.unpack_k(kb, cfg, d))
+        if kb.scale is not None:
+            st = kb.scale.t().expand(h, -1)  # [H, t]: one column (layer scope) or one per head
+            lg = lg * st[None, :, None, :]
+        logits.append(lg)
+        vals.append(R.unpack_v(vb, cfg, d))
+    rest = prefix - sealed * pool.p
+    if rest:
+        logits.append(torch.einsum("nhgd,htd->nhgt", qr, pool.stg_k_rot[b][:, :rest]))
+        vals.append(pool.stg_v_rot[b][:, :rest])
+    qn = q.reshape(n, h, g, d)
+    lg_new = torch.einsum("nhgd,mhd->nhgm", qn, k_new.float().cpu())
+    causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    lg_new = lg_new.masked_fill(~causal[:, None, None, :], float("-inf"))
+    p = torch.softmax(torch.cat(logits + [lg_new], dim=-1) * sm_scale, dim=-1)
+    n_pre = sum(x.shape[1] for x in vals)
+    out = torch.einsum("nhgm,mhd->nhgd", p[..., n_pre:], v_new.float().cpu())
+    if n_pre:
+        out_rot = torch.einsum("nhgt,htd->nhgd", p[..., :n_pre], torch.cat(vals, dim=1))
+        out = out + R.rotate(out_rot, cfg)
+    return out.reshape(n, hq, d)

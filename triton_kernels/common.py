@@ -1,0 +1,394 @@
+"""Triton helpers shared by the OScaR kernels: the Walsh-Hadamard butterfly, the bit-exact
+quantizer of docs/LAYOUT.md section 1, the dequantization of packed codes straight into
+tensor-core operands, and the attention tiles (sealed page / open page) of decode and extend.
+
+Every helper here runs both compiled (CUDA) and under ``TRITON_INTERPRET=1`` except the inline-PTX
+dequantization, which the launchers switch off in the interpreter (``USE_ASM=False``; the plain
+path computes the same values with integer ops).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_asm(device: torch.device) -> bool:
+    """Whether the inline-PTX fast paths may be used on tensors of ``device``."""
+    return device.type == "cuda" and not interpreting() and torch.version.hip is None
+
+
+def log2_exact(x: int, what: str) -> int:
+    """log2 of a power of two, with an error that names the quantity otherwise."""
+    if x <= 0 or x & (x - 1):
+        raise ValueError(f"{what} must be a positive power of two, got {x}")
+    return x.bit_length() - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Walsh-Hadamard rotation
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def fwht_rows(x, ROWS: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
+    """Unnormalized Sylvester butterfly over the last dim of an fp32 ``[ROWS, D]`` block.
+
+    Stage ``h`` pairs element ``i`` with ``i + h`` inside blocks of ``2h`` and writes
+    ``(a + b, a - b)``: the same additions in the same order as ``reference.hadamard``, so after
+    the caller's multiplication by ``1/sqrt(D)`` the result is bit-identical to it.
+    """
+    for i in tl.static_range(LOG2D):
+        y = tl.reshape(x, (ROWS, D // (2 << i), 2, 1 << i))
+        y = tl.permute(y, (0, 1, 3, 2))
+        a, b = tl.split(y)
+        y = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
+        x = tl.reshape(y, (ROWS, D))
+    return x
+
+
+@triton.jit
+def to_bf16_rne(x):
+    """fp32 -> bf16, round to nearest even, with integer ops (finite inputs).
+
+    The same bits as the hardware conversion, also under the interpreter, whose own fp32->bf16
+    cast truncates.
+    """
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantizer (docs/LAYOUT.md section 1), bit-exact with the torch reference
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def rne(x):
+    """Round half to even of fp32 ``x``, keeping the sign of zero (``torch.round`` / ``rint``).
+
+    ``(|x| + 2^23) - 2^23`` rounds to an integer under IEEE round-to-nearest-even for
+    ``|x| < 2^23``; larger magnitudes are integers already. The sign bit is copied back so that
+    ``rne(-0.3) == -0.0`` as in torch (it decides the sign of a zero offset, hence its fp16 bytes).
+    """
+    ax = tl.abs(x)
+    r = tl.where(ax < 8388608.0, (ax + 8388608.0) - 8388608.0, ax)
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+    return (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def neg(x):
+    """IEEE negation of fp32 ``x`` (flips the sign bit). Triton 3.6 compiles ``-x`` as ``0 - x``
+    (``+0`` stays ``+0``; 3.8 emits a true negation), and the sign of a zero offset is part of the
+    bytes."""
+    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quantize(x, lo, hi, QMAX: tl.constexpr):
+    """Asymmetric min/max quantization of fp32 ``x`` whose group min/max are ``lo``/``hi``.
+
+    ``lo``/``hi`` broadcast against ``x`` (the group axis kept as size 1). True divisions
+    (``div_rn``), never reciprocals. Returns ``(q, scale, offset)`` in fp32: integer codes, and the
+    fp32 scale/offset that the caller rounds to fp16. A constant group (all-zero included) gives
+    scale 0, offset lo, codes 0: no NaN, no Inf.
+    """
+    normal = hi > lo
+    qmax = tl.full(lo.shape, QMAX, tl.float32)
+    scale = tl.where(normal, tl.math.div_rn(hi - lo, qmax), 0.0)
+    safe = tl.where(normal, scale, 1.0)
+    zero = rne(tl.math.div_rn(neg(lo), safe))
+    q = rne(tl.math.div_rn(x, safe)) + zero
+    q = tl.minimum(tl.maximum(q, 0.0), QMAX)
+    q = tl.where(normal, q, 0.0)
+    offset = tl.where(normal, neg(zero) * scale, lo)
+    return q, scale, offset
+
+
+@triton.jit
+def pack_codes(q, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """Pack fp32 integer codes ``[ROWS, D]`` along D, little-endian in a byte -> uint8 ``[ROWS, D*BITS/8]``."""
+    E: tl.constexpr = 8 // BITS
+    qi = tl.reshape(q.to(tl.int32), (ROWS, D // E, E))
+    shifts = tl.arange(0, E) * BITS
+    return tl.sum(qi << shifts[None, None, :], axis=2).to(tl.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Unpacking and dequantization in registers
+# ---------------------------------------------------------------------------------------------
+#
+# A token's codes are read as W = D*BITS/32 little-endian int32 words; word w holds channels
+# w*CPW .. w*CPW+CPW-1 (CPW = 32/BITS), channel w*CPW+i at bit i*BITS; a 16-bit half holds
+# HALF = 16/BITS codes, a byte J = 8/BITS. The tensor-core operands want two fp16 values per
+# 32-bit register, and packed integer/fp16 ops make them from a word with no conversion
+# instruction: for the code pair at bit b of both halves (b < 8),
+#     t = (x & (QM << b) * 0x10001) | E_b * 0x10001     E_b = (25 - b) << 10
+# is the fp16 pair (2^(10-b) + c_lo, 2^(10-b) + c_hi) (the code bits are the low mantissa bits of a
+# number whose unit is 1), so one packed subtract of E_b makes the exact codes and one packed FMA
+# applies (scale, offset). Only codes in the low byte of each half fit below the exponent field:
+# the high bytes are moved down by one shift per word.
+#
+# Keys (QK^T, contracted over channels): a register holds two channels of one token, the pair of
+# code i of the low half and code i of the high half, so the dequantized block comes out with the
+# channel of position p being ``channel_of(p)``:
+#     channel_of(p) = (p // CPW) * CPW + (p % 2) * HALF + (p % CPW) // 2
+# and the query is loaded in that order (the dot product does not care about the order).
+# Values (PV, contracted over tokens): a register holds one channel of two tokens, so the 16-bit
+# halves of the words of tokens 2i and 2i+1 are interleaved first; the values come out in channel
+# order. Both blocks land directly in the MMA operand registers (no shared-memory round trip of
+# dequantized data). The interpreter path computes the same values with plain integer ops.
+
+
+@triton.jit
+def channel_of(p, BITS: tl.constexpr):
+    """The channel held at position ``p`` of a dequantized key block (see the comment above)."""
+    CPW: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = 16 // BITS
+    return (p // CPW) * CPW + (p % 2) * HALF + (p % CPW) // 2
+
+
+@triton.jit
+def pair_halves(a, b):
+    """Two int32 tensors of fp16 pairs -> f16x2 pairs ``(a.lo, b.lo)`` and ``(a.hi, b.hi)``
+    (one PRMT each after ptxas)."""
+    lo = (a & 0xFFFF) | (b << 16)
+    hi = ((a >> 16) & 0xFFFF) | (b & -65536)
+    return lo, hi
+
+
+_PAIR_ASM = tl.constexpr(
+    "{\n"
+    ".reg .b32 t;\n"
+    "lop3.b32 t, $1, $2, $3, 0xea;\n"  # (x & mask) | magic
+    "sub.rn.f16x2 t, t, $3;\n"  # exact codes
+    "fma.rn.f16x2 $0, t, $4, $5;\n"  # code * scale + offset, one rounding
+    "}"
+)
+
+
+@triton.jit
+def _f16_lo(x):
+    return (x & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _f16_hi(x):
+    return (x >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _pair_dequant(x, bpos, s_pk, o_pk, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Codes at bit ``bpos`` (< 8) of both halves of int32 ``x`` and the f16x2 (scale, offset)
+    pairs ``s_pk`` / ``o_pk`` -> ``(c_lo * s.lo + o.lo, c_hi * s.hi + o.hi)`` in fp16."""
+    QM: tl.constexpr = (1 << BITS) - 1
+    if USE_ASM:
+        mask = (QM << bpos) * 65537
+        magic = ((25 - bpos) << 10) * 65537
+        t = tl.inline_asm_elementwise(
+            asm=_PAIR_ASM, constraints="=r,r,r,r,r,r", args=[x, mask, magic, s_pk, o_pk], dtype=tl.int32, is_pure=True, pack=1
+        )
+        # the two halves of the f16x2 result: the compiler hands the register to the MMA as is
+        lo = _f16_lo(t)
+        hi = _f16_hi(t)
+    else:
+        c_lo = ((x >> bpos) & QM).to(tl.float32)
+        c_hi = ((x >> (bpos + 16)) & QM).to(tl.float32)
+        lo = (c_lo * _f16_lo(s_pk).to(tl.float32) + _f16_lo(o_pk).to(tl.float32)).to(tl.float16)
+        hi = (c_hi * _f16_hi(s_pk).to(tl.float32) + _f16_hi(o_pk).to(tl.float32)).to(tl.float16)
+    return lo, hi
+
+
+@triton.jit
+def key_params(kpw, NGT: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr):
+    """The int32 view ``[NGT, D]`` of NGT key-param blocks (fp16 scales then offsets of the D
+    channels) -> f16x2 (scale, offset) pairs ``[NGT, 1, W, 2, J]`` of the channels (c, c + HALF)
+    that one register of the dequantized keys holds (c = w*CPW + s*J + j)."""
+    J: tl.constexpr = 8 // BITS
+    # fp16 param index: so*D + c; its int32 word: so*D/2 + c//2; low-half channel word
+    # w*CPW/2 + s*J/2 + j//2, its high-half partner HALF/2 words further, both in the same half (j%2)
+    x = tl.permute(tl.reshape(kpw, (NGT, 2, W, 2, 2, J // 2)), (0, 1, 2, 4, 5, 3))  # [g, so, w, s, jj, half]
+    w_lo, w_hi = tl.split(x)
+    even, odd = pair_halves(w_lo, w_hi)  # j = 2jj, 2jj + 1
+    pk = tl.permute(tl.reshape(tl.join(even, odd), (NGT, 2, W, 2, J)), (0, 2, 3, 4, 1))  # [g, w, s, j, so]
+    s_pk, o_pk = tl.split(pk)
+    return tl.reshape(s_pk, (NGT, 1, W, 2, J)), tl.reshape(o_pk, (NGT, 1, W, 2, J))
+
+
+@triton.jit
+def value_params(vpw, N: tl.constexpr, NG: tl.constexpr, W: tl.constexpr):
+    """The int32 view ``[N, NG]`` of N tokens' value params (fp16 scales then offsets of the NG
+    channel groups) -> f16x2 (even token, odd token) pairs of scales and offsets ``[N/2, W]`` (per
+    word of codes)."""
+    WPG: tl.constexpr = W // NG
+    p_e, p_o = tl.split(tl.permute(tl.reshape(vpw, (N // 2, 2, NG)), (0, 2, 1)))  # [pair, word]
+    lo, hi = pair_halves(p_e, p_o)  # fp16 index 2m, 2m + 1 of both tokens
+    pk = tl.reshape(tl.join(lo, hi), (N // 2, 2, NG))  # [pair, so, group]
+    s_pk, o_pk = tl.split(tl.permute(pk, (0, 2, 1)))  # [pair, group]
+    s_pk = tl.reshape(tl.broadcast_to(s_pk[:, :, None], (N // 2, NG, WPG)), (N // 2, W))
+    o_pk = tl.reshape(tl.broadcast_to(o_pk[:, :, None], (N // 2, NG, WPG)), (N // 2, W))
+    return s_pk, o_pk
+
+
+@triton.jit
+def dequant_keys(words, s_pk, o_pk, NGT: tl.constexpr, GT: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Keys of a tile: int32 words ``[NGT*GT, W]`` (NGT key groups of GT tokens) and the packed
+    group params of ``key_params`` -> fp16 ``[NGT*GT, D]`` in the ``channel_of`` order."""
+    J: tl.constexpr = 8 // BITS
+    x = tl.reshape(words, (NGT, GT, W))
+    x2 = tl.join(x, x >> 8)  # [NGT, GT, W, 2]: low bytes, high bytes of both halves
+    shape: tl.constexpr = (NGT, GT, W, 2, J)
+    xs = tl.broadcast_to(x2[:, :, :, :, None], shape)
+    bpos = tl.broadcast_to((tl.arange(0, J) * BITS)[None, None, None, None, :], shape)
+    lo, hi = _pair_dequant(xs, bpos, tl.broadcast_to(s_pk, shape), tl.broadcast_to(o_pk, shape), BITS, USE_ASM)
+    return tl.reshape(tl.join(lo, hi), (NGT * GT, W * 4 * J))
+
+
+@triton.jit
+def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Values of a tile: int32 words ``[N, W]`` and the packed (even, odd token) params of
+    ``value_params`` -> fp16 ``[N, D]`` in channel order, token pairs interleaved for P.V."""
+    J: tl.constexpr = 8 // BITS
+    w_e, w_o = tl.split(tl.permute(tl.reshape(words, (N // 2, 2, W)), (0, 2, 1)))
+    lo, hi = pair_halves(w_e, w_o)  # channels [0, HALF) / [HALF, 2*HALF) of the word, both tokens
+    lh = tl.join(lo, hi)  # [N/2, W, 2]
+    x2 = tl.join(lh, lh >> 8)  # [N/2, W, 2, 2]
+    shape: tl.constexpr = (N // 2, W, 2, 2, J)
+    xs = tl.broadcast_to(x2[:, :, :, :, None], shape)
+    bpos = tl.broadcast_to((tl.arange(0, J) * BITS)[None, None, None, None, :], shape)
+    v_e, v_o = _pair_dequant(
+        xs,
+        bpos,
+        tl.broadcast_to(s_pk[:, :, None, None, None], shape),
+        tl.broadcast_to(o_pk[:, :, None, None, None], shape),
+        BITS,
+        USE_ASM,
+    )
+    # Built as V^T then transposed: the transpose lets the layout engine place the values straight
+    # into the MMA operand registers, as it does for the keys.
+    v_t = tl.permute(tl.join(v_e, v_o), (1, 2, 3, 4, 0, 5))  # [W, 2, 2, J, N/2, 2]
+    return tl.trans(tl.reshape(v_t, (W * 4 * J, N)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention tiles shared by the decode and extend kernels (online softmax in base 2)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def sealed_tile(
+    q,
+    page,
+    t0,
+    i_h,
+    s_col,
+    m_i,
+    l_i,
+    acc,
+    kw_ptr,
+    kp_ptr,
+    vw_ptr,
+    vp_ptr,
+    scale_ptr,
+    sm_scale_log2,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BITS: tl.constexpr,
+    P: tl.constexpr,
+    G_K: tl.constexpr,
+    G_V: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
+    """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against query rows ``q``.
+
+    The pool arrays come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
+    ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs). Every load is one
+    contiguous block of >= 4-byte elements, so Triton's software pipeliner prefetches it.
+    ``q``: ``[M, D]`` fp16 rotated queries in the ``channel_of`` order. Keys and values are
+    dequantized in registers (fp16, one rounding); logits are ``s_t * <q, k_bar> * sm_scale``;
+    ``acc`` is ``[M, D]`` fp32 in channel order.
+    """
+    W: tl.constexpr = D * BITS // 32
+    NG: tl.constexpr = D // G_V
+    GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
+    NGT: tl.constexpr = BLOCK_N // GT
+    o_n = t0 + tl.arange(0, BLOCK_N)
+    o_row = (page * H + i_h) * P + o_n
+    o_w = tl.arange(0, W)
+    o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
+    s_pk, o_pk = key_params(tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :]), NGT, W, BITS)
+    b_k = dequant_keys(tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :]), s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
+    b_qk = tl.dot(q, tl.trans(b_k))
+    if S > 0:
+        b_st = tl.load(scale_ptr + (page * P + o_n) * S + s_col)
+        b_qk = b_qk * (b_st * sm_scale_log2)[None, :]
+    else:
+        b_qk = b_qk * sm_scale_log2
+
+    m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    b_p = tl.exp2(b_qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(b_p, axis=1)
+
+    vs_pk, vo_pk = value_params(tl.load(vp_ptr + o_row[:, None] * NG + tl.arange(0, NG)[None, :]), BLOCK_N, NG, W)
+    b_v = dequant_values(tl.load(vw_ptr + o_row[:, None] * W + o_w[None, :]), vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM)
+    acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def staging_tile(
+    qb,
+    stg,
+    i_h,
+    t0,
+    n_valid,
+    m_i,
+    l_i,
+    acc,
+    stg_k_ptr,
+    stg_v_ptr,
+    sm_scale_log2,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    P: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BF16_DOT: tl.constexpr,
+):
+    """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, read BF16 (rotated)
+    from staging slot ``stg``, against bf16 rotated query rows ``qb`` ``[M, D]`` (channel order).
+
+    ``BF16_DOT=False`` (interpreter) upcasts the operands to fp32 after a round-to-nearest bf16
+    rounding: the interpreter's dot multiplies the raw bits of bf16 operands and its cast truncates.
+    """
+    o_t = t0 + tl.arange(0, BLOCK_T)
+    m_t = o_t < n_valid
+    o_kv = ((stg * H + i_h) * P + o_t)[:, None] * D + tl.arange(0, D)[None, :]
+    b_k = tl.load(stg_k_ptr + o_kv, mask=m_t[:, None], other=0.0)
+    if BF16_DOT:
+        b_qk = tl.dot(qb, tl.trans(b_k))
+    else:
+        b_qk = tl.dot(qb.to(tl.float32), tl.trans(b_k.to(tl.float32)))
+    b_qk = tl.where(m_t[None, :], b_qk * sm_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    b_p = tl.exp2(b_qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(b_p, axis=1)
+    b_v = tl.load(stg_v_ptr + o_kv, mask=m_t[:, None], other=0.0)
+    if BF16_DOT:
+        acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.bfloat16), b_v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(to_bf16_rne(b_p).to(tl.float32), b_v.to(tl.float32))
+    return m_new, l_i, acc

@@ -1,0 +1,357 @@
+"""Decode attention over the OScaR paged pool: split-KV flash-decoding, INT2/INT4 in one kernel.
+
+Stage 1, grid ``(B, H, num_splits + 1)``: program ``(b, h, s)`` takes the GQA query heads of KV
+head ``h`` of request ``b`` (padded to ``BLOCK_H`` rows, so the products run on tensor cores).
+Splits ``s < num_splits`` share the request's sealed pages (all pages but the last), one K group of
+``G_K`` tokens per step: codes and fp16 params are read, keys are folded into the query
+(``<q, code*sc + off> = <q*sc, code> + <q, off>``), values dequantized in registers, logits
+multiplied by s_t. Split ``num_splits`` takes the request's last page: BF16 from staging when the
+page is open (the usual case), the packed path otherwise. Each program writes its normalized
+partial output and log-sum-exp.
+Stage 2, grid ``(B, Hq)``: log-sum-exp merge of the ``num_splits + 1`` partials (a chunk of
+splits per load) and the inverse rotation (``H_D`` is its own inverse), written in the query dtype.
+
+Everything happens in the rotated basis; sequence lengths are read on the device (never
+compile-time constants, no host synchronization), the grid depends only on the batch size and
+``num_splits``: a launch can be captured in a CUDA graph and replayed for any lengths.
+
+Assumption (guaranteed by the runtime, which seals a page as soon as it fills): every page of a
+request but its last is sealed when decode runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, to_bf16_rne, use_asm
+from .write import oscar_rotate_q
+
+
+@triton.jit
+def _decode_stage1_kernel(
+    qrot_ptr,
+    kw_ptr,
+    kp_ptr,
+    vw_ptr,
+    vp_ptr,
+    scale_ptr,
+    stg_k_ptr,
+    stg_v_ptr,
+    p2s_ptr,
+    kv_indptr_ptr,
+    page_idx_ptr,
+    seq_lens_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    sm_scale_log2,
+    H: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    D: tl.constexpr,
+    BITS: tl.constexpr,
+    P: tl.constexpr,
+    G_K: tl.constexpr,
+    G_V: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    i_b = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_s = tl.program_id(2)
+    n_split = tl.num_programs(2) - 1
+    HQ: tl.constexpr = H * GROUP
+    TPP: tl.constexpr = P // BLOCK_N
+
+    o_r = tl.arange(0, BLOCK_H)
+    m_r = o_r < GROUP
+    o_hq = i_h * GROUP + o_r
+    o_d = tl.arange(0, D)
+    if S > 1:
+        s_col = i_h
+    else:
+        s_col = 0
+
+    seq_len = tl.load(seq_lens_ptr + i_b)
+    kv_start = tl.load(kv_indptr_ptr + i_b).to(tl.int64)
+    n_pages = tl.cdiv(seq_len, P)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    o_q = (i_b * HQ + o_hq)[:, None] * D
+    if i_s < n_split:
+        # Sealed pages [0, n_pages - 1), split evenly by tiles of BLOCK_N tokens.
+        n_tiles = (n_pages - 1) * TPP
+        per = tl.cdiv(n_tiles, n_split)
+        t_lo = i_s * per
+        t_hi = tl.minimum(t_lo + per, n_tiles)
+        b_q = tl.load(qrot_ptr + o_q + channel_of(o_d, BITS)[None, :], mask=m_r[:, None], other=0.0).to(tl.float16)
+        for it in range(t_lo, t_hi):
+            page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
+            m_i, l_i, acc = sealed_tile(
+                b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
+                kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+            )  # fmt: skip
+    else:
+        page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
+        stg = tl.load(p2s_ptr + page).to(tl.int64)
+        if stg >= 0:
+            n_valid = seq_len - (n_pages - 1) * P
+            b_qb = to_bf16_rne(tl.load(qrot_ptr + o_q + o_d[None, :], mask=m_r[:, None], other=0.0))
+            for t0 in range(0, n_valid, BLOCK_T):
+                m_i, l_i, acc = staging_tile(
+                    b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
+                    stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET,
+                )  # fmt: skip
+        else:
+            b_q = tl.load(qrot_ptr + o_q + channel_of(o_d, BITS)[None, :], mask=m_r[:, None], other=0.0).to(tl.float16)
+            for t0 in range(0, P, BLOCK_N):
+                m_i, l_i, acc = sealed_tile(
+                    b_q, page, t0, i_h, s_col, m_i, l_i, acc,
+                    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                )  # fmt: skip
+
+    # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
+    has = l_i > 0.0
+    b_o = acc / tl.where(has, l_i, 1.0)[:, None]
+    b_lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    o_part = (i_b * HQ + o_hq) * (n_split + 1) + i_s
+    tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+    tl.store(part_lse_ptr + o_part, b_lse, mask=m_r)
+
+
+@triton.jit(do_not_specialize=["n_part"])
+def _decode_stage2_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    n_part,
+    stride_ob,
+    stride_oh,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    LOG2D: tl.constexpr,
+    CHUNK: tl.constexpr,
+    ROTATE: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    # One program per (request, query head); the partials are merged CHUNK at a time (one block
+    # load each), so a long split list costs a few dependent loads, not one per split.
+    i_b = tl.program_id(0).to(tl.int64)
+    i_hq = tl.program_id(1).to(tl.int64)
+    o_d = tl.arange(0, D)
+    base = (i_b * HQ + i_hq) * n_part
+    m = tl.full([1], float("-inf"), tl.float32)
+    l = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, D], tl.float32)
+    for s0 in range(0, n_part, CHUNK):
+        o_s = s0 + tl.arange(0, CHUNK)
+        m_s = o_s < n_part
+        b_lse = tl.load(part_lse_ptr + base + o_s, mask=m_s, other=float("-inf"))
+        b_o = tl.load(part_o_ptr + (base + o_s)[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(b_lse, axis=0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        w = tl.exp2(b_lse - m_ref)  # empty splits (lse = -inf) weigh 0
+        acc = acc * alpha[:, None] + tl.sum(w[:, None] * b_o, axis=0)[None, :]
+        l = l * alpha + tl.sum(w, axis=0)
+        m = m_new
+    b_out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
+    if ROTATE:
+        b_out = fwht_rows(b_out, 1, D, LOG2D) * INV_SQRT_D
+    p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + o_d[None, :]
+    tl.store(p_out, b_out.to(out_ptr.dtype.element_ty))
+
+
+def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float = 4.0, max_splits: int = 128) -> int:
+    """Sealed-page splits per (request, KV head): enough programs for ``waves`` passes over the SMs.
+
+    Depends on the batch size only (never on lengths), so one CUDA graph per batch size serves
+    every length.
+    """
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    want = int(num_sms * waves)
+    return max(1, min(max_splits, -(-want // max(1, batch * num_kv_heads))))
+
+
+def _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group):
+    npages, h, p, nbytes = k_codes.shape
+    d = nbytes * 8 // bits
+    expect = {
+        "k_codes": (k_codes, (npages, h, p, nbytes), torch.uint8),
+        "k_params": (k_params, (npages, h, p // k_group, 2, d), torch.float16),
+        "v_codes": (v_codes, (npages, h, p, nbytes), torch.uint8),
+        "v_params": (v_params, (npages, h, p, 2, d // v_group), torch.float16),
+    }
+    for name, (t, shape, dtype) in expect.items():
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+    s_cols = 0
+    if scale is not None:
+        s_cols = scale.shape[-1]
+        if tuple(scale.shape) != (npages, p, s_cols) or scale.dtype != torch.float32 or not scale.is_contiguous():
+            raise ValueError(f"scale must be contiguous fp32 [{npages}, {p}, S], got {tuple(scale.shape)}")
+        if s_cols not in (1, h):
+            raise ValueError(f"scale must have 1 or H={h} columns, got {s_cols}")
+    cpw = 32 // bits
+    if (d * bits) % 32:
+        raise ValueError(f"head_dim={d} at {bits} bits is not a whole number of 32-bit words")
+    if v_group % cpw:
+        raise ValueError(f"the kernels need v_group to be a multiple of {cpw} at {bits} bits, got {v_group}")
+    if k_group < 16 or p % k_group:
+        raise ValueError(f"the kernels need k_group >= 16 dividing the page size {p}, got {k_group}")
+    return npages, h, p, d, s_cols
+
+
+def oscar_decode_attention(
+    *,
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    scale: torch.Tensor | None,
+    staging_k: torch.Tensor,
+    staging_v: torch.Tensor,
+    page_to_staging: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_page_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    bits: int,
+    k_group: int,
+    v_group: int,
+    sm_scale: float,
+    rotation: bool = True,
+    q_rot: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_n: int | None = None,
+    num_warps: int = 2,
+    num_stages: int = 3,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
+    """One decode step of attention over sealed INT2/INT4 pages plus each request's open BF16 page.
+
+    Args:
+        q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
+        k_codes, v_codes: ``[num_pages, H, P, D*bits/8]`` uint8 packed codes (docs/LAYOUT.md).
+        k_params: ``[num_pages, H, P/k_group, 2, D]`` fp16; v_params: ``[num_pages, H, P, 2, D/v_group]`` fp16.
+        scale: ``[num_pages, P, S]`` fp32 token scales, or None when token scaling is off.
+        staging_k, staging_v: ``[num_staging, H, P, D]`` bf16, rotated K/V of open pages.
+        page_to_staging: ``[num_pages]`` int32, staging slot of an open page, -1 when sealed.
+        kv_indptr: ``[B + 1]`` int32, request b owns ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``.
+        kv_page_indices: int32 page ids, oldest first.
+        seq_lens: ``[B]`` int32 tokens per request (>= 1), the current token included.
+        bits, k_group, v_group: the layer's OscarConfig values; sm_scale: the softmax scale.
+        rotation: whether K/V were rotated (queries get the same rotation, the output the inverse).
+        q_rot: ``[B, Hq, D]`` fp32 rotated queries when the write launch produced them; else one
+            small rotation launch runs first.
+        out: ``[B, Hq, D]`` destination (dtype of q when allocated here).
+        num_splits: sealed-page splits per (request, KV head); ``pick_num_splits`` when None.
+        workspace: ``(partial_out [B, Hq, num_splits+1, D] fp32, partial_lse [B, Hq, num_splits+1] fp32)``
+            to reuse across calls (CUDA graphs); allocated when None.
+        block_n, num_warps, num_stages, maxnreg: stage-1 tuning (tokens per step, warps, software
+            pipeline depth, register cap); the defaults are the fastest measured on an H200.
+    Returns:
+        ``out``, the attention output in the model's basis.
+    """
+    npages, h, p, d, s_cols = _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group)
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h:
+        raise ValueError(f"q must be [B, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
+    if staging_k.shape[1:] != (h, p, d) or staging_k.dtype != torch.bfloat16 or not staging_k.is_contiguous():
+        raise ValueError(f"staging_k must be contiguous bf16 [num_staging, {h}, {p}, {d}], got {tuple(staging_k.shape)}")
+    if staging_v.shape != staging_k.shape or staging_v.dtype != torch.bfloat16 or not staging_v.is_contiguous():
+        raise ValueError("staging_v must match staging_k")
+    for name, t in (("page_to_staging", page_to_staging), ("kv_indptr", kv_indptr), ("kv_page_indices", kv_page_indices), ("seq_lens", seq_lens)):
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+    b, hq, _ = q.shape
+    group = hq // h
+    log2d = log2_exact(d, "head_dim")
+    if q_rot is None:
+        q_rot = oscar_rotate_q(q=q, rotation=rotation)
+    elif q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous():
+        raise ValueError(f"q_rot must be contiguous fp32 {tuple(q.shape)}")
+    if num_splits is None:
+        num_splits = pick_num_splits(b, h)
+    if out is None:
+        out = torch.empty_like(q)
+    if workspace is None:
+        part_o = torch.empty((b, hq, num_splits + 1, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((b, hq, num_splits + 1), dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = workspace
+        if part_o.shape[:2] != (b, hq) or part_o.shape[3:] != (d,) or part_o.shape[2] < num_splits + 1:
+            raise ValueError(f"workspace partial_out must be [{b}, {hq}, >= {num_splits + 1}, {d}]")
+        part_o = part_o[:, :, : num_splits + 1]
+        part_lse = part_lse[:, :, : num_splits + 1]
+        if not (part_o.is_contiguous() and part_lse.is_contiguous()):
+            raise ValueError("the workspace must be sized for exactly num_splits + 1 partials (contiguous)")
+    if b == 0:
+        return out
+    block_h = max(16, triton.next_power_of_2(group))
+    if block_n is None:
+        block_n = min(p, 64)
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
+    if p % block_n or block_n % 16 or (block_n % k_group and k_group % block_n):
+        raise ValueError(f"block_n={block_n} must divide the page size {p} and nest with k_group={k_group}")
+    _decode_stage1_kernel[(b, h, num_splits + 1)](
+        q_rot,
+        k_codes.view(torch.int32),
+        k_params.flatten(-2).view(torch.int32),
+        v_codes.view(torch.int32),
+        v_params.flatten(-2).view(torch.int32),
+        scale if scale is not None else k_params,
+        staging_k,
+        staging_v,
+        page_to_staging,
+        kv_indptr,
+        kv_page_indices,
+        seq_lens,
+        part_o,
+        part_lse,
+        sm_scale * math.log2(math.e),
+        H=h,
+        GROUP=group,
+        BLOCK_H=block_h,
+        D=d,
+        BITS=bits,
+        P=p,
+        G_K=k_group,
+        G_V=v_group,
+        S=s_cols,
+        BLOCK_N=block_n,
+        BLOCK_T=min(p, 32 if d <= 128 else 16),
+        USE_ASM=use_asm(q.device),
+        INTERPRET=interpreting(),
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **extra,
+    )
+    _decode_stage2_kernel[(b, hq)](
+        part_o,
+        part_lse,
+        out,
+        num_splits + 1,
+        out.stride(0),
+        out.stride(1),
+        HQ=hq,
+        D=d,
+        LOG2D=log2d,
+        CHUNK=min(64, triton.next_power_of_2(num_splits + 1)),
+        ROTATE=rotation,
+        INV_SQRT_D=1.0 / math.sqrt(d),
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,274 @@
+"""Extend (prefill) attention with a cached prefix: new tokens over the sealed prefix + themselves.
+
+Grid ``(B, Hq, cdiv(max_new, BLOCK_M))``: a program takes ``BLOCK_M`` new queries of one head.
+The prefix (``prefix_lens[b]`` tokens on the request's first pages) is read as the decode kernel
+reads it, in the rotated basis: sealed pages packed (keys folded into the query, values
+dequantized in registers, logits times s_t), an open page BF16 from staging. The new tokens are
+read from the step's own ``k``/``v`` (un-rotated, in the model's basis) with a causal mask, so a
+fresh prompt (no prefix) is plain exact attention. The two parts share one online softmax and keep
+two accumulators, one per basis; the rotated one is turned back (``H_D`` is its own inverse) and
+added at the end.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, to_bf16_rne, use_asm
+from .decode import _check_pool
+from .write import oscar_rotate_q
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,
+    qrot_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    kw_ptr,
+    kp_ptr,
+    vw_ptr,
+    vp_ptr,
+    scale_ptr,
+    stg_k_ptr,
+    stg_v_ptr,
+    p2s_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    page_idx_ptr,
+    prefix_lens_ptr,
+    sm_scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    H: tl.constexpr,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    LOG2D: tl.constexpr,
+    BITS: tl.constexpr,
+    P: tl.constexpr,
+    G_K: tl.constexpr,
+    G_V: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROTATE: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
+    i_b = tl.program_id(0).to(tl.int64)
+    i_hq = tl.program_id(1).to(tl.int64)
+    i_m = tl.program_id(2)
+    i_h = i_hq // GROUP
+    HQ: tl.constexpr = H * GROUP
+    if S > 1:
+        s_col = i_h
+    else:
+        s_col = 0
+
+    q_start = tl.load(qo_indptr_ptr + i_b).to(tl.int64)
+    n_new = (tl.load(qo_indptr_ptr + i_b + 1) - q_start).to(tl.int32)
+    if i_m * BLOCK_M < n_new:
+        prefix = tl.load(prefix_lens_ptr + i_b)
+        kv_start = tl.load(kv_indptr_ptr + i_b).to(tl.int64)
+        o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_m = o_m < n_new
+        o_d = tl.arange(0, D)
+        rows = q_start + o_m
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc_r = tl.zeros([BLOCK_M, D], tl.float32)  # prefix, rotated basis
+        acc_n = tl.zeros([BLOCK_M, D], tl.float32)  # new tokens, model basis
+
+        if prefix > 0:
+            o_qr = (rows * HQ + i_hq)[:, None] * D
+            b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
+            b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
+            for pi in range(0, tl.cdiv(prefix, P)):
+                page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                stg = tl.load(p2s_ptr + page).to(tl.int64)
+                if stg >= 0:
+                    n_valid = tl.minimum(prefix - pi * P, P)
+                    for t0 in range(0, n_valid, BLOCK_N):
+                        m_i, l_i, acc_r = staging_tile(
+                            b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
+                        )  # fmt: skip
+                else:
+                    for t0 in range(0, P, BLOCK_N):
+                        m_i, l_i, acc_r = sealed_tile(
+                            b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                            kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                        )  # fmt: skip
+
+        # New tokens, causal: query o_m sees keys 0..o_m of this step.
+        b_q = tl.load(q_ptr + rows[:, None] * stride_qt + i_hq * stride_qh + o_d[None, :], mask=m_m[:, None], other=0.0)
+        if INTERPRET:
+            if k_ptr.dtype.element_ty == tl.bfloat16:
+                b_q = to_bf16_rne(b_q.to(tl.float32))
+            else:
+                b_q = b_q.to(k_ptr.dtype.element_ty)
+        else:
+            b_q = b_q.to(k_ptr.dtype.element_ty)
+        hi = tl.minimum(n_new, (i_m + 1) * BLOCK_M)
+        for n0 in range(0, hi, BLOCK_N):
+            o_n = n0 + tl.arange(0, BLOCK_N)
+            m_n = o_n < n_new
+            b_k = tl.load(k_ptr + (q_start + o_n)[:, None] * stride_kt + i_h * stride_kh + o_d[None, :], mask=m_n[:, None], other=0.0)
+            if INTERPRET:
+                b_qk = tl.dot(b_q.to(tl.float32), tl.trans(b_k.to(tl.float32)))
+            else:
+                b_qk = tl.dot(b_q, tl.trans(b_k))
+            causal = (o_n[None, :] <= o_m[:, None]) & m_n[None, :]
+            b_qk = tl.where(causal, b_qk * sm_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key at all
+            alpha = tl.exp2(m_i - m_ref)
+            b_p = tl.exp2(b_qk - m_ref[:, None])
+            l_i = l_i * alpha + tl.sum(b_p, axis=1)
+            b_v = tl.load(v_ptr + (q_start + o_n)[:, None] * stride_vt + i_h * stride_vh + o_d[None, :], mask=m_n[:, None], other=0.0)
+            if INTERPRET:
+                if v_ptr.dtype.element_ty == tl.bfloat16:
+                    b_pv = to_bf16_rne(b_p).to(tl.float32)
+                else:
+                    b_pv = b_p.to(v_ptr.dtype.element_ty).to(tl.float32)
+                acc_n = acc_n * alpha[:, None] + tl.dot(b_pv, b_v.to(tl.float32))
+            else:
+                acc_n = acc_n * alpha[:, None] + tl.dot(b_p.to(v_ptr.dtype.element_ty), b_v)
+            acc_r = acc_r * alpha[:, None]
+            m_i = m_new
+
+        if ROTATE:
+            acc_r = fwht_rows(acc_r, BLOCK_M, D, LOG2D) * INV_SQRT_D
+        b_o = (acc_r + acc_n) / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        p_o = o_ptr + rows[:, None] * stride_ot + i_hq * stride_oh + o_d[None, :]
+        tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=m_m[:, None])
+
+
+def oscar_extend_attention(
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    scale: torch.Tensor | None,
+    staging_k: torch.Tensor,
+    staging_v: torch.Tensor,
+    page_to_staging: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_page_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    bits: int,
+    k_group: int,
+    v_group: int,
+    sm_scale: float,
+    rotation: bool = True,
+    q_rot: torch.Tensor | None = None,
+    max_new_tokens: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of a step's new tokens over their cached prefix plus themselves (causal).
+
+    Args:
+        q: ``[T, Hq, D]`` post-RoPE queries of the new tokens of all requests, concatenated.
+        k, v: ``[T, H, D]`` their keys/values (un-rotated; bf16 or fp16 on CUDA).
+        qo_indptr: ``[B + 1]`` int32, request b's new tokens are rows ``qo_indptr[b]:qo_indptr[b+1]``.
+        k_codes .. page_to_staging: the layer's pool, as in ``oscar_decode_attention``.
+        kv_indptr, kv_page_indices: int32, request b's prefix pages ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``
+            (at least ``cdiv(prefix_lens[b], P)`` of them).
+        prefix_lens: ``[B]`` int32 cached tokens before the new ones (0: a fresh prompt, exact attention).
+            Full prefix pages are sealed (packed) or open (staging); a partial last page is open.
+        bits, k_group, v_group, sm_scale, rotation: as in ``oscar_decode_attention``.
+        q_rot: ``[T, Hq, D]`` fp32 rotated queries (e.g. from ``oscar_write_kv``); computed when None.
+        max_new_tokens: the largest new-token count of a request; read from ``qo_indptr`` (a host
+            synchronization) when None.
+        out: ``[T, Hq, D]`` destination, dtype of q when allocated here.
+    """
+    npages, h, p, d, s_cols = _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group)
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h or q.stride(2) != 1:
+        raise ValueError(f"q must be [T, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
+    t, hq, _ = q.shape
+    if k.shape != (t, h, d) or v.shape != (t, h, d) or k.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError(f"k and v must be [T={t}, H={h}, D={d}] contiguous along D")
+    if k.dtype != v.dtype:
+        raise TypeError("k and v must share a dtype")
+    for name, x in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_page_indices", kv_page_indices), ("prefix_lens", prefix_lens), ("page_to_staging", page_to_staging)):
+        if x.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {x.dtype}")
+    log2d = log2_exact(d, "head_dim")
+    b = prefix_lens.shape[0]
+    if qo_indptr.shape != (b + 1,):
+        raise ValueError(f"qo_indptr must be [B + 1] = [{b + 1}], got {tuple(qo_indptr.shape)}")
+    if q_rot is None:
+        q_rot = oscar_rotate_q(q=q, rotation=rotation)
+    elif q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous():
+        raise ValueError(f"q_rot must be contiguous fp32 {tuple(q.shape)}")
+    if out is None:
+        out = torch.empty_like(q)
+    if max_new_tokens is None:
+        max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max().item()) if b else 0
+    if t == 0 or b == 0 or max_new_tokens == 0:
+        return out
+    block_m = 32 if d <= 128 else 16
+    _extend_kernel[(b, hq, triton.cdiv(max_new_tokens, block_m))](
+        q,
+        q_rot,
+        k,
+        v,
+        out,
+        k_codes.view(torch.int32),
+        k_params.flatten(-2).view(torch.int32),
+        v_codes.view(torch.int32),
+        v_params.flatten(-2).view(torch.int32),
+        scale if scale is not None else k_params,
+        staging_k,
+        staging_v,
+        page_to_staging,
+        qo_indptr,
+        kv_indptr,
+        kv_page_indices,
+        prefix_lens,
+        sm_scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        H=h,
+        GROUP=hq // h,
+        D=d,
+        LOG2D=log2d,
+        BITS=bits,
+        P=p,
+        G_K=k_group,
+        G_V=v_group,
+        S=s_cols,
+        BLOCK_M=block_m,
+        BLOCK_N=32,
+        ROTATE=rotation,
+        INV_SQRT_D=1.0 / math.sqrt(d),
+        INTERPRET=interpreting(),
+        USE_ASM=use_asm(q.device),
+        num_warps=4 if d <= 128 else 8,
+    )
+    return out

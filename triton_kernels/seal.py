@@ -1,0 +1,196 @@
+"""Seal: quantize whole staging pages into the packed pool, all pages of a step in one launch.
+
+For each ``(page, staging_slot)`` pair of the seal plan, the staging page (rotated BF16 K/V and the
+fp32 token scales written by ``oscar_write_kv``) becomes the packed block of docs/LAYOUT.md
+section 3 at ``page``: keys per channel over groups of ``G_K`` tokens (``x = float(k) / s``, true
+division), values per token over groups of ``G_V`` channels, fp16 (scale, offset), codes packed
+along channels. The bytes equal ``oscar_sgl.reference.pack_k`` / ``pack_v`` bit for bit.
+
+Grid: ``(plan length, H, (P / G_K) * (D / BLOCK_D))``; one program owns ``BLOCK_D`` channels of
+one K group of one head (``G_K`` tokens; key groups are per channel, so channel chunks are
+independent) and the V groups of the same tokens and channels (``BLOCK_D`` is a multiple of
+``G_V``). Plan rows with ``page < 0`` are skipped, so a fixed-size (padded) plan can be replayed in
+a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import pack_codes, quantize
+
+
+@triton.jit(do_not_specialize=["num_plan"])
+def _seal_kernel(
+    plan_ptr,
+    stg_k_ptr,
+    stg_v_ptr,
+    stg_scale_ptr,
+    k_codes_ptr,
+    k_params_ptr,
+    v_codes_ptr,
+    v_params_ptr,
+    scale_ptr,
+    num_plan,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    P: tl.constexpr,
+    G_K: tl.constexpr,
+    G_V: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    i_p = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    NCH: tl.constexpr = D // BLOCK_D
+    i_g = (tl.program_id(2) // NCH).to(tl.int64)
+    i_c = tl.program_id(2) % NCH
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    NG: tl.constexpr = D // G_V
+    NGC: tl.constexpr = BLOCK_D // G_V
+    BYTES: tl.constexpr = D * BITS // 8
+    CBYTES: tl.constexpr = BLOCK_D * BITS // 8
+
+    page = tl.load(plan_ptr + 2 * i_p).to(tl.int64)
+    stg = tl.load(plan_ptr + 2 * i_p + 1).to(tl.int64)
+    if page >= 0:
+        o_t = i_g * G_K + tl.arange(0, G_K)  # token inside the page
+        o_d = i_c * BLOCK_D + tl.arange(0, BLOCK_D)
+        o_src = ((stg * H + i_h) * P + o_t[:, None]) * D + o_d[None, :]
+
+        # ---- keys: x = k / s, one group = G_K tokens of one channel ----
+        b_k = tl.load(stg_k_ptr + o_src).to(tl.float32)
+        if S > 0:
+            if S == 1:
+                b_s = tl.load(stg_scale_ptr + (stg * P + o_t) * S)
+            else:
+                b_s = tl.load(stg_scale_ptr + (stg * P + o_t) * S + i_h)
+            b_k = tl.math.div_rn(b_k, b_s[:, None])
+        b_k = b_k + 0.0  # canonical zero (docs/LAYOUT.md §1): -0.0 -> +0.0 before min/max
+        k_lo = tl.min(b_k, axis=0)[None, :]
+        k_hi = tl.max(b_k, axis=0)[None, :]
+        k_q, k_sc, k_off = quantize(b_k, k_lo, k_hi, QMAX)
+        o_kc = ((page * H + i_h) * P + o_t[:, None]) * BYTES + i_c * CBYTES + tl.arange(0, CBYTES)[None, :]
+        tl.store(k_codes_ptr + o_kc, pack_codes(k_q, G_K, BLOCK_D, BITS))
+        o_kp = (((page * H + i_h) * (P // G_K) + i_g) * 2) * D + o_d
+        tl.store(k_params_ptr + o_kp, tl.reshape(k_sc, (BLOCK_D,)).to(tl.float16))
+        tl.store(k_params_ptr + o_kp + D, tl.reshape(k_off, (BLOCK_D,)).to(tl.float16))
+
+        # ---- values: one group = G_V channels of one token ----
+        b_v = tl.reshape(tl.load(stg_v_ptr + o_src).to(tl.float32), (G_K, NGC, G_V))
+        b_v = b_v + 0.0  # canonical zero
+        v_lo = tl.min(b_v, axis=2)[:, :, None]
+        v_hi = tl.max(b_v, axis=2)[:, :, None]
+        v_q, v_sc, v_off = quantize(b_v, v_lo, v_hi, QMAX)
+        tl.store(v_codes_ptr + o_kc, pack_codes(tl.reshape(v_q, (G_K, BLOCK_D)), G_K, BLOCK_D, BITS))
+        o_vp = (((page * H + i_h) * P + o_t[:, None]) * 2) * NG + i_c * NGC + tl.arange(0, NGC)[None, :]
+        tl.store(v_params_ptr + o_vp, tl.reshape(v_sc, (G_K, NGC)).to(tl.float16))
+        tl.store(v_params_ptr + o_vp + NG, tl.reshape(v_off, (G_K, NGC)).to(tl.float16))
+
+        # ---- token scales, copied exactly (one head's programs do it) ----
+        if S > 0:
+            if (i_h == 0) & (i_c == 0):
+                o_sc = tl.arange(0, BLOCK_S)
+                m_sc = o_sc[None, :] < S
+                b_all = tl.load(stg_scale_ptr + (stg * P + o_t[:, None]) * S + o_sc[None, :], mask=m_sc)
+                tl.store(scale_ptr + (page * P + o_t[:, None]) * S + o_sc[None, :], b_all, mask=m_sc)
+
+
+def oscar_seal(
+    *,
+    plan: torch.Tensor,
+    staging_k: torch.Tensor,
+    staging_v: torch.Tensor,
+    staging_scale: torch.Tensor | None,
+    k_codes: torch.Tensor,
+    k_params: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_params: torch.Tensor,
+    scale: torch.Tensor | None,
+    bits: int,
+    k_group: int,
+    v_group: int,
+) -> None:
+    """Quantize the staging pages named by ``plan`` into the packed pool of one layer.
+
+    Args:
+        plan: ``[n, 2]`` (or flat ``[2n]``) int32 pairs ``(page, staging_slot)``; rows with page < 0
+            are skipped.
+        staging_k, staging_v: ``[num_staging, H, P, D]`` bf16 rotated keys/values.
+        staging_scale: ``[num_staging, P, S]`` fp32 token scales, or None (token scaling off).
+        k_codes: ``[num_pages, H, P, D*bits/8]`` uint8.
+        k_params: ``[num_pages, H, P/k_group, 2, D]`` fp16.
+        v_codes: ``[num_pages, H, P, D*bits/8]`` uint8.
+        v_params: ``[num_pages, H, P, 2, D/v_group]`` fp16.
+        scale: ``[num_pages, P, S]`` fp32, or None (token scaling off).
+        bits, k_group, v_group: the layer's OscarConfig values.
+    """
+    if bits not in (2, 4):
+        raise ValueError(f"bits must be 2 or 4, got {bits}")
+    if plan.dtype != torch.int32:
+        raise TypeError(f"the seal plan must be int32, got {plan.dtype}")
+    plan = plan.reshape(-1)
+    if plan.numel() % 2 or not plan.is_contiguous():
+        raise ValueError("the seal plan must hold (page, staging_slot) pairs, contiguous")
+    n = plan.numel() // 2
+    ns, h, p, d = staging_k.shape
+    if staging_v.shape != staging_k.shape or staging_k.dtype != torch.bfloat16 or staging_v.dtype != torch.bfloat16:
+        raise ValueError("staging K/V must be bf16 tensors of one shape [num_staging, H, P, D]")
+    if p % k_group or k_group & (k_group - 1) or k_group < 1:
+        raise ValueError(f"page size {p} must be a multiple of the power-of-two k_group={k_group}")
+    if d % v_group or v_group & (v_group - 1):
+        raise ValueError(f"v_group={v_group} must be a power of two dividing head_dim={d}")
+    npages = k_codes.shape[0]
+    nbytes = d * bits // 8
+    expect = {
+        "k_codes": (k_codes, (npages, h, p, nbytes), torch.uint8),
+        "k_params": (k_params, (npages, h, p // k_group, 2, d), torch.float16),
+        "v_codes": (v_codes, (npages, h, p, nbytes), torch.uint8),
+        "v_params": (v_params, (npages, h, p, 2, d // v_group), torch.float16),
+    }
+    for name, (t, shape, dtype) in expect.items():
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+    s_cols = 0
+    if (staging_scale is None) != (scale is None):
+        raise ValueError("staging_scale and scale must both be given (token scaling on) or both None")
+    if scale is not None:
+        s_cols = scale.shape[2]
+        if tuple(scale.shape) != (npages, p, s_cols) or scale.dtype != torch.float32 or not scale.is_contiguous():
+            raise ValueError(f"scale must be contiguous fp32 [{npages}, {p}, S], got {tuple(scale.shape)}")
+        if tuple(staging_scale.shape) != (ns, p, s_cols) or staging_scale.dtype != torch.float32:
+            raise ValueError(f"staging_scale must be fp32 [{ns}, {p}, {s_cols}], got {tuple(staging_scale.shape)}")
+        if s_cols not in (1, h):
+            raise ValueError(f"scale must have 1 or H={h} columns, got {s_cols}")
+    if n == 0:
+        return
+    # at most ~4K fp32 values per program (registers), whole V groups, whole bytes
+    block_d = min(d, max(v_group, 4096 // k_group, 8 // bits))
+    _seal_kernel[(n, h, (p // k_group) * (d // block_d))](
+        plan,
+        staging_k,
+        staging_v,
+        staging_scale if staging_scale is not None else staging_k,
+        k_codes,
+        k_params,
+        v_codes,
+        v_params,
+        scale if scale is not None else k_codes,
+        n,
+        H=h,
+        D=d,
+        P=p,
+        G_K=k_group,
+        G_V=v_group,
+        S=s_cols,
+        BLOCK_S=triton.next_power_of_2(max(s_cols, 1)),
+        BITS=bits,
+        BLOCK_D=block_d,
+        num_warps=4,
+        # The quantizer must round exactly like the reference: no a*b+c contraction anywhere.
+        enable_fp_fusion=False,
+    )
