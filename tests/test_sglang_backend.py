@@ -16,6 +16,7 @@ pytest.importorskip("sglang")
 
 from oscar_sgl import reference as ref  # noqa: E402
 from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
 from oscar_sgl.sglang.metrics import snapshot  # noqa: E402
 from oscar_sgl.sglang.pool import pool_class_for  # noqa: E402
@@ -32,11 +33,12 @@ def _setup(max_tokens=256):
         max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
         device="cpu", enable_memory_saver=False,
     )
+    alloc = OscarPagedAllocator(max_tokens, P, torch.float32, "cpu", pool, False, runtime=pool.oscar_runtime)
     r2t = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
     runner = SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool)
     backend = create_oscar_backend(runner)
     layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
-    return pool, r2t, backend, layers
+    return pool, alloc, r2t, backend, layers
 
 
 def _batch(row, slots, prefix, seq):
@@ -61,17 +63,29 @@ def _expected(q, k_all, v_all, pos, step_start):
 @pytest.mark.parametrize("prefill", [37, 32, 5])
 def test_extend_then_decode_equals_reference(prefill):
     torch.manual_seed(prefill)
-    pool, r2t, backend, layers = _setup()
+    pool, alloc, r2t, backend, layers = _setup()
     total = prefill + 20
-    # Pages 3.. in order (page 0 is SGLang's padding page), as the paged allocator hands them out.
-    slots = torch.arange(3 * P, 3 * P + total, dtype=torch.int64)
-    r2t.req_to_token[1, :total] = slots.to(torch.int32)
+    slots = torch.zeros(total, dtype=torch.int64)
     k_all = torch.randn(LAYERS, H, total, D) * torch.linspace(0.5, 4, total)[None, None, :, None]
     v_all = torch.randn(LAYERS, H, total, D)
     q_all = torch.randn(LAYERS, total, HQ, D)
 
+    def allocate(prefix, seq, decode):
+        """What SGLang's scheduler does before the forward: the paged allocator hands out slots."""
+        t = lambda x: torch.tensor([x], dtype=torch.int64)  # noqa: E731
+        last = t(int(slots[prefix - 1]) if prefix else -1)
+        if decode:
+            out = alloc.alloc_decode(t(seq), t(seq), last)
+        else:
+            out = alloc.alloc_extend(t(prefix), t(prefix), t(seq), t(seq), last, seq - prefix)
+        assert out is not None
+        slots[prefix:seq] = out
+        r2t.req_to_token[1, prefix:seq] = out.to(torch.int32)
+
     def step(prefix, seq, decode):
+        allocate(prefix, seq, decode)
         fb = _batch(1, slots, prefix, seq)
+        backend.init_forward_metadata(fb)  # the one runtime call of the step
         for li, layer in enumerate(layers):
             k = k_all[li, :, prefix:seq].transpose(0, 1).contiguous()
             v = v_all[li, :, prefix:seq].transpose(0, 1).contiguous()
@@ -87,16 +101,20 @@ def test_extend_then_decode_equals_reference(prefill):
     for s in range(prefill + 9, total):
         step(s, s + 1, decode=True)
     # Sealed pages hold exactly the reference bytes.
+    first = int(slots[0]) // P
     for li in range(LAYERS):
         kb, vb = ref.seal(k_all[li, :, :P], v_all[li, :, :P], CFG)
-        assert torch.equal(pool.k_codes[li][3], kb.codes) and torch.equal(pool.v_codes[li][3], vb.codes)
-        assert torch.equal(pool.k_params[li][3], kb.params) and torch.equal(pool.scales[li][3], kb.scale)
+        assert torch.equal(pool.k_codes[li][first], kb.codes) and torch.equal(pool.v_codes[li][first], vb.codes)
+        assert torch.equal(pool.k_params[li][first], kb.params) and torch.equal(pool.scales[li][first], kb.scale)
     states = pool.oscar_page_states()
     assert states["sealed"] == total // P and states["open"] == 1
-    # Freeing the request's pages returns the staging page.
-    pool.oscar_release_pages(torch.unique(slots // P))
+    # Freeing the request's pages returns the staging page (the runtime sees it at the next step).
+    alloc.free(slots)
+    alloc.oscar_step()
+    alloc.oscar_step()
     assert pool.oscar_page_states() == {"sealed": 0, "open": 0, "staging_in_use": 0,
                                        "staging_total": pool.num_staging}
+    pool.oscar_runtime.check()
 
 
 def test_cell_size_and_snapshot():

@@ -122,6 +122,9 @@ def test_oscar_server_end_to_end(model_path):
         assert oscar["kv_bytes_per_token"] < oscar["bf16_bytes_per_token"] / 4
         assert oscar["pages"]["sealed"] > 0 and oscar["seals_total"] > 0
         assert oscar["staging_pages_in_use"] <= oscar["staging_pages_total"]
+        # Page state comes from the Rust runtime behind the allocator (one call per step), and the
+        # radix cache's inserts reach it: the tree holds sealed pages.
+        assert oscar["runtime_steps"] > 0 and oscar["tree_pages"] > 0, oscar
         metrics = server.get("/metrics")
         assert "oscar:compression_ratio" in metrics and 'oscar:pages{state="sealed"}' in metrics
         # SGLang logs a harmless /freeze_gc connection traceback at startup on some runs; none may be ours.

@@ -14,6 +14,11 @@ at page starts), so nothing depends on how SGLang orders its free list.
 Radix-cache events (lock, unlock, insert) come from :func:`attach_radix_cache`, which wraps one cache
 instance (``RadixCache`` or ``UnifiedRadixCache``) without touching its class.
 
+In the server (``--kv-cache oscar``) the plug-in builds this allocator over the ``OscarKVPool`` with
+the pool's runtime; the allocator attaches itself to the pool (``pool.oscar_attach``), and the pool
+makes the step's one :meth:`OscarPagedAllocator.oscar_step` call from the backend's
+``init_forward_metadata`` (``OscarKVPool.oscar_begin_step``).
+
 SGLang is imported lazily: ``OscarPagedAllocator`` is built on first access, so importing this
 module (or ``oscar_sgl``) does not need SGLang.
 """
@@ -163,6 +168,9 @@ def _allocator_class() -> type:
                 )
             runtime.reset()
             self._oscar = runtime
+            attach = getattr(kvcache, "oscar_attach", None)
+            if attach is not None:  # an OscarKVPool: its page map and seals follow this runtime
+                attach(self)
 
         # ---- the runtime side ----
 

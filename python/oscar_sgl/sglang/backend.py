@@ -11,9 +11,14 @@ i exactly (BF16 staging of the open page, then this step's own K/V). So a fresh 
 attention and is sealed afterwards, a prefix-cache hit attends to the sealed shared pages, and a
 decode step is exactly `oscar_sgl.reference.decode_attention` (the CPU path calls it).
 
-TODO(gpu): on CUDA the same structure should call `oscar_sgl.kernels` (`oscar_write_kv`,
-`oscar_seal`, `oscar_decode_attention`, `oscar_extend_attention`); today the torch path runs on
-every device.
+Two paths with the same semantics: the torch reference (CPU default) and the Triton kernels of
+`oscar_sgl.kernels` (CUDA default; CPU with `OSCAR_SGL_USE_KERNELS=1 TRITON_INTERPRET=1`, see
+`pool.kernels_wanted`): per layer one `oscar_write_kv` launch (rotated BF16 staging + s_t), one
+`oscar_seal` launch for every page of the step's seal plan, then `oscar_decode_attention` or
+`oscar_extend_attention`, which read a page from staging while the page -> staging map names a slot
+(open pages, and pages sealed in this very step) and from the packed pool otherwise (pages sealed
+before this step). The kernel path stages K/V in BF16, so it matches the reference to BF16
+rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ from typing import Any
 import torch
 
 from .. import reference as ref
+
+
+def _host_lens(fb: Any) -> list[int]:
+    """The batch's sequence lengths as host ints: SGLang's host copy when it has one (no device sync)."""
+    cpu = getattr(fb, "seq_lens_cpu", None)
+    return [int(x) for x in (cpu if cpu is not None else fb.seq_lens).tolist()]
 
 
 def _make_backend_class() -> type:
@@ -41,16 +52,21 @@ def _make_backend_class() -> type:
                 )
             self.cfg = pool.oscar_config
 
+        def init_forward_metadata(self, forward_batch: Any) -> None:
+            super().init_forward_metadata(forward_batch)
+            # The step's page events go to the Rust runtime here, once, before the first layer.
+            self.token_to_kv_pool.oscar_begin_step(new_step=True)
+
         def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
                            forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
             fb = forward_batch
-            seq = fb.seq_lens.tolist()
-            pre = fb.extend_prefix_lens.tolist()
+            seq, pre = _host_lens(fb), getattr(fb, "extend_prefix_lens_cpu", None)
+            pre = list(pre) if pre is not None else fb.extend_prefix_lens.tolist()
             return self._forward(q, k, v, layer, fb, pre, seq, save_kv_cache, decode=False)
 
         def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
                            forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
-            seq = forward_batch.seq_lens.tolist()
+            seq = _host_lens(forward_batch)
             pre = [s - 1 for s in seq]
             return self._forward(q, k, v, layer, forward_batch, pre, seq, save_kv_cache, decode=True)
 
@@ -59,18 +75,22 @@ def _make_backend_class() -> type:
             if layer.is_cross_attention:
                 raise NotImplementedError("--kv-cache oscar: cross-attention is not supported")
             pool = self.token_to_kv_pool
+            if pool.use_kernels:
+                return self._forward_kernels(q, k, v, layer, fb, pre, seq, save_kv_cache, decode)
             li = layer.layer_id - pool.start_layer
             p = pool.page_size
             hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
             req_to_token = self.req_to_token_pool.req_to_token
             rows = fb.req_pool_indices.tolist()
-            # The BF16 tokens of each request's open page, read before this step's write can seal it.
+            pool.oscar_begin_step()  # no-op after init_forward_metadata (one runtime call per step)
+            if save_kv_cache and k is not None and v is not None:
+                pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+            # The BF16 tokens of each request's open page. A page the write just filled is sealed, but
+            # keeps its staging page until the next step, so it is still read exactly here.
             prev: list[tuple[torch.Tensor, torch.Tensor] | None] = []
             for r, s0 in zip(rows, pre):
                 start = s0 // p * p
                 prev.append(pool.open_tokens(li, req_to_token[r, start:s0].to(torch.int64)) if s0 > start else None)
-            if save_kv_cache and k is not None and v is not None:
-                pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
             k_new = k.reshape(-1, h, d)
             v_new = v.reshape(-1, h, d)
             q_ = q.reshape(-1, hq, d)
@@ -97,6 +117,75 @@ def _make_backend_class() -> type:
                     out[at:at + n] = self._extend_one(q_[at:at + n], blocks, k_fp, v_fp, s0, start,
                                                       h, layer.scaling).to(q.dtype)
                 at += n
+            return out.reshape(-1, hq * d)
+
+        # -- the kernel path (CUDA; CPU with OSCAR_SGL_USE_KERNELS=1 TRITON_INTERPRET=1) ------------
+        def _kernel_meta(self, fb: Any, pre: list[int], seq: list[int], decode: bool) -> dict[str, Any]:
+            """Per forward batch (built at its first layer, reused by the others): each request's pages,
+            oldest first, as the kernels' int32 `kv_indptr` / `kv_page_indices`."""
+            cached = getattr(self, "_oscar_meta", None)
+            if cached is not None and cached[0] is fb and cached[1] == decode:
+                return cached[2]
+            pool = self.token_to_kv_pool
+            p, dev = pool.page_size, pool.device
+            r2t = self.req_to_token_pool.req_to_token
+            # Decode reads every page of the request (the current token is in staging); extend reads
+            # the prefix pages (its own tokens come from k/v). Host lengths, device gathers: no sync.
+            lens = seq if decode else pre
+            npages = [-(-n // p) for n in lens]
+            total = sum(npages)
+            if total:
+                rows = fb.req_pool_indices.to(device=r2t.device, dtype=torch.int64)
+                reps = torch.tensor(npages, dtype=torch.int64).to(r2t.device)
+                row_of = torch.repeat_interleave(rows, reps, output_size=total)
+                first = [i * p for n in npages for i in range(n)]
+                kv_pages = (r2t[row_of, torch.tensor(first, dtype=torch.int64).to(r2t.device)].to(torch.int64) // p
+                            ).to(device=dev, dtype=torch.int32)
+            else:
+                kv_pages = torch.zeros(0, dtype=torch.int32, device=dev)
+            i32 = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev)  # noqa: E731
+            cum = [0]
+            for n in npages:
+                cum.append(cum[-1] + n)
+            meta: dict[str, Any] = {"kv_indptr": i32(cum), "kv_page_indices": kv_pages}
+            if decode:
+                meta["seq_lens"] = i32(seq)
+            else:
+                new = [b - a for a, b in zip(pre, seq)]
+                qo = [0]
+                for n in new:
+                    qo.append(qo[-1] + n)
+                meta.update(qo_indptr=i32(qo), prefix_lens=i32(pre), max_new_tokens=max(new, default=0))
+            self._oscar_meta = (fb, decode, meta)
+            return meta
+
+        def _forward_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
+                             pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
+            from .. import kernels as K
+
+            pool, cfg = self.token_to_kv_pool, self.cfg
+            li = layer.layer_id - pool.start_layer
+            hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+            pool.oscar_begin_step()
+            if save_kv_cache and k is not None and v is not None:
+                pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)  # write launch + seal launch
+            meta = self._kernel_meta(fb, pre, seq, decode)
+            q_ = q.reshape(-1, hq, d).contiguous()
+            common = dict(
+                k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
+                v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
+                staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
+                kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"], bits=cfg.bits,
+                k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
+            )
+            if decode:
+                out = K.oscar_decode_attention(q=q_, seq_lens=meta["seq_lens"], **common)
+            else:
+                out = K.oscar_extend_attention(
+                    q=q_, k=k.reshape(-1, h, d).contiguous(), v=v.reshape(-1, h, d).contiguous(),
+                    qo_indptr=meta["qo_indptr"], prefix_lens=meta["prefix_lens"],
+                    max_new_tokens=meta["max_new_tokens"], **common,
+                )
             return out.reshape(-1, hq * d)
 
         def _extend_one(self, q: torch.Tensor, blocks: Any, k_fp: torch.Tensor, v_fp: torch.Tensor,

@@ -19,7 +19,7 @@ def snapshot(pool: Any) -> dict[str, Any]:
     h, d, layers = pool.head_num, pool.head_dim, pool.layer_num
     packed = cfg.bytes_per_token(h, d) * layers
     bf16 = bf16_cell_size_bytes(h, d, layers)
-    states = pool.oscar_page_states()
+    st = pool.oscar_runtime.stats()
     usable = pool.num_pages - 1  # page 0 is SGLang's padding page
     return {
         "config": cfg.to_dict(),
@@ -29,15 +29,20 @@ def snapshot(pool: Any) -> dict[str, Any]:
         "compression_ratio": bf16 / packed,
         "effective_bits": cfg.effective_bits(h, d),
         "page_size": pool.page_size,
-        "pages": {"sealed": states["sealed"], "open": states["open"],
-                  "free": max(0, usable - states["sealed"] - states["open"])},
+        "pages": {"sealed": int(st.sealed_pages), "open": int(st.open_pages),
+                  "free": max(0, usable - int(st.sealed_pages) - int(st.open_pages))},
+        "tree_pages": int(st.tree_pages),
+        "locked_pages": int(st.locked_pages),
         "token_capacity": pool.size,
         "bf16_tokens_same_bytes": int(pool.size * packed / bf16),
-        "staging_pages_in_use": states["staging_in_use"],
-        "staging_pages_total": states["staging_total"],
-        "staging_pages_peak": pool.stats["staging_peak"],
-        "seals_total": pool.stats["seals"],
-        "seals_last_step": pool.stats["seals_last_step"],
+        "staging_pages_in_use": int(st.staging_in_use),
+        "staging_pages_total": int(st.staging_capacity),
+        "staging_pages_peak": int(st.staging_high_water),
+        "seals_total": int(st.seals_total),
+        "seals_last_step": int(st.seals_last_step),
+        "max_seals_per_step": int(st.max_seals_per_step),
+        "runtime_steps": int(st.steps),
+        "stored_compression_ratio": float(st.compression_ratio),
     }
 
 

@@ -96,6 +96,11 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
         check_server_args(args, cfg)
         args.attention_backend = BACKEND_NAME
         args.page_size = cfg.residual
+        # The backend has no CUDA-graph path: the step's one runtime call (page events -> seal plan,
+        # page -> staging map) runs in init_forward_metadata, which a graph replay would skip.
+        for name in ("disable_prefill_cuda_graph", "disable_decode_cuda_graph"):
+            if hasattr(args, name):
+                setattr(args, name, True)
     server_args = original(cls, args)
     if cfg is not None:
         # An underscore name outside the Struct's fields: allowed on the sealed record and pickled
@@ -142,7 +147,15 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         cfg,
         max_running_requests=getattr(self.server_args, "max_running_requests", None),
         enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
+        max_prefill_tokens=_prefill_tokens(self.server_args),
     )
+
+
+def _prefill_tokens(server_args: Any) -> int | None:
+    """Most tokens one prefill step writes (what the staging pool must hold besides open pages)."""
+    vals = [getattr(server_args, n, None) for n in ("max_prefill_tokens", "chunked_prefill_size")]
+    vals = [int(v) for v in vals if isinstance(v, int) and v > 0]
+    return min(vals) if vals else None
 
 
 @_hook("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
@@ -158,23 +171,41 @@ def _before_build_backend(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-@_hook("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids", "BEFORE")
-def _before_release_page_ids(self: Any, *page_ids: Any) -> None:
-    """Every page SGLang frees gives its BF16 staging page back (request end, abort, eviction)."""
-    pool = getattr(self, "_kvcache", None)
-    release = getattr(pool, "oscar_release_pages", None)
-    if release is not None:
-        for ids in page_ids:
-            release(ids)
-    return None
+@_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_token_to_kv_pool_allocator",
+       "AROUND")
+def _around_build_allocator(original: Callable[..., Any], self: Any, **kwargs: Any) -> Any:
+    """Over an OScaR pool, SGLang's paged allocator becomes `OscarPagedAllocator`: the same free
+    list and decisions, every page event forwarded to the pool's Rust runtime once per step."""
+    pool = kwargs.get("token_to_kv_pool")
+    if kwargs.get("token_to_kv_pool_allocator") is not None or not hasattr(pool, "oscar_config"):
+        return original(self, **kwargs)
+    from sglang.srt.runtime_context import get_disagg, get_parallel, get_schedule
+
+    from .allocator import OscarPagedAllocator
+
+    if get_parallel().attn_dcp_size != 1:
+        raise RuntimeError("--kv-cache oscar: decode context parallelism is not supported")
+    return OscarPagedAllocator(
+        kwargs["sizes"].max_total_num_tokens,
+        page_size=get_schedule().page_size,
+        dtype=self.kv_cache_dtype,
+        device=self.device,
+        kvcache=pool,
+        need_sort=get_disagg().disaggregation_mode in ("decode", "prefill"),
+        runtime=pool.oscar_runtime,
+    )
 
 
-@_hook("sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear", "AFTER")
-def _after_allocator_clear(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    pool = getattr(self, "_kvcache", None)
-    reset = getattr(pool, "oscar_reset", None)
-    if reset is not None:
-        reset()
+@_hook("sglang.srt.mem_cache.kv_cache_builder.build_kv_cache", "AFTER")
+def _after_build_kv_cache(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """The radix cache's locks, unlocks and inserts reach the runtime (only sealed pages are shared)."""
+    alloc = getattr(result, "token_to_kv_pool_allocator", None)
+    cache = getattr(result, "tree_cache", None)
+    if alloc is not None and hasattr(alloc, "oscar_step") and cache is not None \
+            and hasattr(cache, "path_device_indices") and hasattr(cache, "inc_lock_ref"):
+        from .allocator import attach_radix_cache
+
+        attach_radix_cache(cache, alloc)
     return result
 
 

@@ -5,26 +5,37 @@ Per layer (leading axis = SGLang page id; page 0 is SGLang's padding page and is
     k_codes  u8  [num_pages, H, P, D*b/8]      v_codes  u8  [num_pages, H, P, D*b/8]
     k_params f16 [num_pages, H, P/G_K, 2, D]   v_params f16 [num_pages, H, P, 2, D/G_V]
     scale    f32 [num_pages, P, S]             (absent when S = 0)
-    stage_k, stage_v  model dtype [num_staging, H, P, D]   BF16 staging of open pages (model basis)
+    stage_k, stage_v  [num_staging + 1, H, P, D]   staging of open pages (+ a sink page for padding):
+                      reference path: model basis, model dtype; kernel path: rotated, BF16
+    stage_scale f32 [num_staging + 1, P, S]    kernel path only: s_t computed at write time
+    page_map  i32 [num_pages]                  page -> staging page (-1: read the packed pool)
 
-A page is *open* while a request writes it: its tokens live in a staging page. The write that fills
-its last slot seals it (rotate, scale, quantize, pack) and frees the staging page. A write that
-covers a whole page seals it directly, without staging. Pages SGLang frees (request end, abort,
-radix eviction) give their staging page back through the allocator hook in `plugin.py`.
+A page is *open* while a request writes it: its tokens live in a staging page. Page state is owned
+by the Rust runtime (`oscar_sgl.runtime.OscarRuntime`) behind `OscarPagedAllocator`: SGLang's
+allocations, releases and radix-cache locks/inserts are recorded as events, and once per forward
+batch (`oscar_begin_step`, from the backend's `init_forward_metadata`) one runtime call returns the
+changes of the page -> staging map (applied to `page_map`, a device int32 array) and the seal plan:
+the `(page, staging page)` pairs that became full in this step. Each layer's `set_kv_buffer` writes
+the step's K/V into the mapped staging pages, then seals the plan's pages (rotate, scale, quantize,
+pack). A sealed page keeps its staging page until the next step starts, so this step's attention
+still reads it exactly; from the next step on it is read as codes.
 
-On CPU the seal is `oscar_sgl.reference.seal` (the oracle); on CUDA it is the Triton seal kernel
-path of `oscar_sgl.kernels` (see `backend.py`).
+On CPU the seal is `oscar_sgl.reference.seal` (the oracle), one page at a time; on CUDA (or with
+`OSCAR_SGL_USE_KERNELS=1`, see `kernels_wanted`) each layer runs one `oscar_write_kv` launch and one
+`oscar_seal` launch for every page of the step's plan (see `backend.py`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 
 from ..config import OscarConfig
 from .. import reference as ref
+from ..runtime import OscarRuntime, staging_slots_needed
 
 
 def cell_size_bytes(cfg: OscarConfig, num_kv_heads: int, head_dim: int, num_layers: int) -> int:
@@ -32,14 +43,41 @@ def cell_size_bytes(cfg: OscarConfig, num_kv_heads: int, head_dim: int, num_laye
     return int(math.ceil(cfg.bytes_per_token(num_kv_heads, head_dim) * num_layers))
 
 
+def kernels_wanted(device: Any) -> bool:
+    """Whether the pool/backend run the Triton kernels: on CUDA by default, elsewhere only with
+    `OSCAR_SGL_USE_KERNELS=1` (and `TRITON_INTERPRET=1`, Triton's CPU interpreter: tiny shapes only).
+    `OSCAR_SGL_USE_KERNELS=0` forces the torch reference path on CUDA too."""
+    env = os.environ.get("OSCAR_SGL_USE_KERNELS", "")
+    if env:
+        return env not in ("0", "false", "no")
+    return torch.device(device).type == "cuda"
+
+
+def check_kernel_shape(cfg: OscarConfig, head_dim: int) -> None:
+    """What the Triton kernels support (checked when the pool is built, never deep in a launch)."""
+    cpw = 32 // cfg.bits
+    if (head_dim * cfg.bits) % 32:
+        raise ValueError(f"OScaR kernels: head_dim={head_dim} at {cfg.bits} bits is not a whole number of 32-bit words")
+    if cfg.v_group % cpw:
+        raise ValueError(f"OScaR kernels: --oscar-v-group must be a multiple of {cpw} at {cfg.bits} bits, got {cfg.v_group}")
+    if cfg.k_group < 16 or cfg.residual % cfg.k_group:
+        raise ValueError(f"OScaR kernels: --oscar-k-group must be >= 16 and divide the page size, got {cfg.k_group}")
+    if cfg.residual % 32:
+        # oscar_extend_attention walks sealed pages in tiles of 32 tokens
+        raise ValueError(f"OScaR kernels: the page size must be a multiple of 32, got {cfg.residual}")
+
+
 def bf16_cell_size_bytes(num_kv_heads: int, head_dim: int, num_layers: int) -> int:
     return 2 * num_kv_heads * head_dim * 2 * num_layers
 
 
-def pool_class_for(cfg: OscarConfig, *, max_running_requests: int | None, enable_metrics: bool = False) -> type:
+def pool_class_for(cfg: OscarConfig, *, max_running_requests: int | None, enable_metrics: bool = False,
+                   max_prefill_tokens: int | None = None, use_kernels: bool | None = None) -> type:
     """A subclass of `OscarKVPool` bound to `cfg`: SGLang constructs the pool class itself, with its
     own fixed keyword arguments."""
     return type("OscarKVPool", (pool_base(),), {"oscar_config": cfg, "oscar_max_requests": max_running_requests,
+                                            "oscar_max_prefill_tokens": max_prefill_tokens,
+                                            "oscar_use_kernels": use_kernels,
                                             "oscar_enable_metrics": enable_metrics})
 
 
@@ -56,6 +94,8 @@ def _make_pool_class() -> type:
     class OscarKVPoolImpl(base):  # type: ignore[misc, valid-type]
         oscar_config: OscarConfig = OscarConfig()
         oscar_max_requests: int | None = None
+        oscar_max_prefill_tokens: int | None = None
+        oscar_use_kernels: bool | None = None  # None: `kernels_wanted(device)`
         oscar_enable_metrics: bool = False
 
         def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
@@ -67,14 +107,41 @@ def _make_pool_class() -> type:
             kwargs.pop("quant_method", None)
             kwargs["post_capture_active"] = False
             cfg.check_shape(head_num, head_dim)
+            self.use_kernels = kernels_wanted(device) if self.oscar_use_kernels is None else bool(self.oscar_use_kernels)
+            if self.use_kernels:
+                check_kernel_shape(cfg, head_dim)
             self.num_pages = (size + page_size + page_size - 1) // page_size
             self.scale_cols = cfg.scale_columns(head_num)
+            if self.use_kernels and torch.device(device).type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
+                raise ValueError(
+                    f"OScaR kernel path: the model dtype must be bfloat16 or float16 on CUDA, got {dtype}; "
+                    "use --dtype bfloat16 (or OSCAR_SGL_USE_KERNELS=0 for the torch reference path)"
+                )
+            if self.use_kernels and torch.device(device).type != "cuda":
+                from ..kernels.common import interpreting
+
+                if not interpreting():
+                    raise RuntimeError(
+                        "OScaR kernel path on a non-CUDA device needs TRITON_INTERPRET=1 (set before "
+                        "anything imports triton); unset OSCAR_SGL_USE_KERNELS for the torch reference path"
+                    )
             requests = self.oscar_max_requests or 64
-            # A request has at most one open page, plus the one it fills and seals in the same step.
-            self.num_staging = max(2, min(self.num_pages, 2 * requests + 2))
+            prefill = self.oscar_max_prefill_tokens or 16384
+            # Every page a step writes is staged; a page that fills keeps its staging page until the
+            # next step (its seal runs in this step's forward, its attention still reads it).
+            self.num_staging = max(2, min(self.num_pages, staging_slots_needed(
+                max_running_requests=requests, max_prefill_tokens=prefill, page_size=page_size)))
             super().__init__(size, page_size, dtype, head_num, head_dim, layer_num, device,
                              enable_memory_saver, enable_kv_cache_copy=False, **kwargs)
-            self.oscar_reset()
+            self._oscar_allocator: Any = None
+            self._runtime = OscarRuntime(num_pages=self.num_pages, page_size=page_size,
+                                         staging_slots=self.num_staging, kv_heads=head_num, head_dim=head_dim,
+                                         config=cfg)
+            self.page_map = torch.full((self.num_pages,), -1, dtype=torch.int32, device=device)
+            self._seal_host: list[tuple[int, int]] = []
+            self._seal_plan: torch.Tensor | None = None
+            self._step_begun = False
+            self._check_writes = torch.device(device).type == "cpu"
             self._gauges = None
             if self.oscar_enable_metrics:
                 from .metrics import PrometheusGauges
@@ -95,8 +162,14 @@ def _make_pool_class() -> type:
             self.k_params = z((n, h, p // cfg.k_group, 2, d), torch.float16)
             self.v_params = z((n, h, p, 2, d // cfg.v_group), torch.float16)
             self.scales = z((n, p, self.scale_cols), torch.float32) if self.scale_cols else None
-            self.stage_k = z((self.num_staging, h, p, d), self.dtype)
-            self.stage_v = z((self.num_staging, h, p, d), self.dtype)
+            # One extra staging page: the sink of padding writes (page 0), never read. The reference
+            # path stages model-basis K/V in the model dtype; the kernel path stages the rotated K/V
+            # in BF16 and each token's s_t, computed at write time (what oscar_seal reads).
+            stage_dtype = torch.bfloat16 if self.use_kernels else self.dtype
+            self.stage_k = z((self.num_staging + 1, h, p, d), stage_dtype)
+            self.stage_v = z((self.num_staging + 1, h, p, d), stage_dtype)
+            self.stage_scale = (z((self.num_staging + 1, p, self.scale_cols), torch.float32)
+                                if self.use_kernels and self.scale_cols else None)
             # SGLang's generic code (pointer tables, size logs) sees the code buffers.
             self.k_buffer, self.v_buffer = self.k_codes, self.v_codes
             self.k_scale_buffer = self.v_scale_buffer = None
@@ -110,120 +183,121 @@ def _make_pool_class() -> type:
             def nb(ts: list[torch.Tensor] | None) -> int:
                 return sum(t.numel() * t.element_size() for t in ts or [])
 
-            k = nb(self.k_codes) + nb(self.k_params) + nb(self.scales) + nb(self.stage_k)
+            k = nb(self.k_codes) + nb(self.k_params) + nb(self.scales) + nb(self.stage_k) + nb(self.stage_scale)
             v = nb(self.v_codes) + nb(self.v_params) + nb(self.stage_v)
             return k, v
 
-        # -- page state ---------------------------------------------------------------------
-        def oscar_reset(self) -> None:
-            """Every page free, every staging page free (allocator `clear()`)."""
-            self.page_staging = torch.full((self.num_pages,), -1, dtype=torch.int64)
-            self.page_sealed = torch.zeros(self.num_pages, dtype=torch.bool)
-            self.staging_free = list(range(self.num_staging - 1, -1, -1))
-            self._plan: tuple[Any, ...] | None = None
-            self.stats = {"seals": 0, "seals_last_step": 0, "direct_seals": 0, "staging_peak": 0}
+        # -- page state (owned by the Rust runtime) ------------------------------------------
+        @property
+        def oscar_runtime(self) -> Any:
+            """The `OscarRuntime` that owns page state: the allocator's once one is attached."""
+            alloc = self._oscar_allocator
+            return alloc.oscar_runtime if alloc is not None else self._runtime
 
-        def oscar_release_pages(self, page_ids: torch.Tensor) -> None:
-            """SGLang freed these pages: their staging pages come back, their sealed state ends."""
-            ids = page_ids.to("cpu", torch.int64).reshape(-1)
-            ids = ids[(ids > 0) & (ids < self.num_pages)]
-            if ids.numel() == 0:
+        def oscar_attach(self, allocator: Any) -> None:
+            """Called by `OscarPagedAllocator.__init__`: its events drive this pool's pages."""
+            self._oscar_allocator = allocator
+
+        def oscar_begin_step(self, new_step: bool = False) -> None:
+            """Once per forward batch, before its first layer: hand the step's page events to the
+            runtime (one call), apply the page -> staging map changes, keep the seal plan.
+
+            Idempotent within a forward (the last layer's write ends the step) unless `new_step`
+            (the backend's `init_forward_metadata`): then a begun step whose layers never ran keeps
+            its seal plan, merged into the new one, so no seal is lost."""
+            if self._step_begun and not new_step:
                 return
-            stg = self.page_staging[ids]
-            for s in stg[stg >= 0].tolist():
-                self.staging_free.append(int(s))
-            self.page_staging[ids] = -1
-            self.page_sealed[ids] = False
+            carried = self._seal_host if self._step_begun else []
+            alloc = self._oscar_allocator
+            if alloc is None:
+                raise RuntimeError(
+                    "OScaR pool: no OscarPagedAllocator attached (the runtime has no page events); "
+                    "build the allocator with kvcache=<this pool>, runtime=pool.oscar_runtime"
+                )
+            res = alloc.oscar_step()
+            delta = res.map_delta
+            if len(delta):
+                d = torch.from_numpy(delta.astype("int64"))
+                if torch.device(self.device).type != "cpu":
+                    d = d.pin_memory().to(self.device, non_blocking=True)
+                self.page_map[d[:, 0]] = d[:, 1].to(torch.int32)
+            plan = res.seal_plan
+            plan = plan[plan[:, 0] >= 0]
+            self._seal_host = carried + [(int(a), int(b)) for a, b in plan.tolist()]
+            self._seal_plan = (torch.tensor(self._seal_host, dtype=torch.int32).to(self.device)
+                               if self._seal_host else None)
+            self._step_begun = True
+            if self._gauges is not None:
+                self._gauges.update(self)
 
         def oscar_page_states(self) -> dict[str, int]:
-            open_pages = int((self.page_staging >= 0).sum())
+            s = self.oscar_runtime.stats()
             return {
-                "sealed": int(self.page_sealed.sum()),
-                "open": open_pages,
-                "staging_in_use": self.num_staging - len(self.staging_free),
-                "staging_total": self.num_staging,
+                "sealed": int(s.sealed_pages),
+                "open": int(s.open_pages),
+                "staging_in_use": int(s.staging_in_use),
+                "staging_total": int(s.staging_capacity),
             }
-
-        def _alloc_staging(self) -> int:
-            if not self.staging_free:
-                raise RuntimeError(
-                    f"OScaR staging exhausted ({self.num_staging} pages): more open pages than "
-                    "2 x --max-running-requests + 2; raise --max-running-requests"
-                )
-            s = self.staging_free.pop()
-            self.stats["staging_peak"] = max(self.stats["staging_peak"], self.num_staging - len(self.staging_free))
-            return s
-
-        def _plan_write(self, loc: torch.Tensor) -> tuple[Any, ...]:
-            """Once per step (first layer): which page each token goes to, which pages seal."""
-            p = self.page_size
-            loc = loc.to("cpu", torch.int64).reshape(-1)
-            keep = loc >= p  # page 0 is the padding sink
-            tok = torch.nonzero(keep).reshape(-1)
-            pages, offs = loc[tok] // p, loc[tok] % p
-            uniq, inv, counts = torch.unique(pages, return_inverse=True, return_counts=True)
-            full_here = counts == p  # this write covers the whole page: seal directly
-            seal_staged: list[tuple[int, int]] = []
-            direct: list[tuple[int, torch.Tensor]] = []
-            for i, (page, c) in enumerate(zip(uniq.tolist(), counts.tolist())):
-                if self.page_sealed[page]:
-                    raise RuntimeError(f"OScaR: write into sealed page {page} (a sealed page is never written again)")
-                if bool(full_here[i]):
-                    idx = tok[inv == i]
-                    order = torch.argsort(offs[inv == i])
-                    direct.append((page, idx[order]))
-                    continue
-                if self.page_staging[page] < 0:
-                    self.page_staging[page] = self._alloc_staging()
-            staged = ~full_here[inv]
-            stok = tok[staged]
-            spage = pages[staged]
-            sidx = self.page_staging[spage]
-            soff = offs[staged]
-            fills = set((pages[staged][soff == p - 1]).tolist())
-            for page in fills:
-                seal_staged.append((page, int(self.page_staging[page])))
-            dev = self.device
-            return (loc.numel(), stok.to(dev), sidx.to(dev), soff.to(dev),
-                    [(pg, ix.to(dev)) for pg, ix in direct], seal_staged)
 
         # -- writes -------------------------------------------------------------------------
         def set_kv_buffer(self, layer: Any, loc_info: Any, cache_k: torch.Tensor, cache_v: torch.Tensor,
                           k_scale: Any = None, v_scale: Any = None, layer_id_override: Any = None,
                           dcp_kv_mask: Any = None) -> None:
+            """Write a step's K/V of one layer into the staging pages the runtime mapped, then seal the
+            pages of the step's seal plan (they are full now) into the packed arrays. Their staging
+            pages stay mapped until the next step, so this step's attention still reads them exactly."""
             from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
 
             if dcp_kv_mask is not None:
                 raise RuntimeError("OScaR pool: decode context parallelism is not supported")
-            loc = unwrap_write_loc(loc_info)[0]
+            loc = unwrap_write_loc(loc_info)[0].reshape(-1).to(torch.int64)
             layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
             li = layer_id - self.start_layer
-            if li == 0 or self._plan is None or self._plan[0] != loc.numel():
-                self._plan = self._plan_write(loc)
-            n, stok, sidx, soff, direct, seal_staged = self._plan
-            h, d = self.head_num, self.head_dim
+            self.oscar_begin_step()
+            h, d, p = self.head_num, self.head_dim, self.page_size
             k = cache_k.reshape(-1, h, d)
             v = cache_v.reshape(-1, h, d)
-            if stok.numel():
-                self.stage_k[li][sidx, :, soff, :] = k[stok].to(self.dtype)
-                self.stage_v[li][sidx, :, soff, :] = v[stok].to(self.dtype)
-            for page, idx in direct:
-                self._seal(li, page, k[idx].transpose(0, 1), v[idx].transpose(0, 1))
-            for page, s in seal_staged:
-                self._seal(li, page, self.stage_k[li][s], self.stage_v[li][s])
+            if loc.numel() and self._check_writes:  # host tensors: a cheap bookkeeping check
+                pages = loc // p
+                bad = (self.page_map[pages] < 0) & (pages > 0)
+                if bool(bad.any()):
+                    page = int(pages[bad][0])
+                    raise RuntimeError(
+                        f"OScaR: write into page {page}, which the runtime does not hold open "
+                        f"(state {self.oscar_runtime.page_info(page).state}); a sealed page is never written again"
+                    )
+            if self.use_kernels:
+                self._write_and_seal_kernels(li, loc, k, v)
+            else:
+                if loc.numel():
+                    slot = self.page_map[loc // p].to(torch.int64)
+                    # Padding writes (page 0) go to the sink staging page, never read.
+                    slot = torch.where(slot < 0, self.num_staging, slot)
+                    off = loc % p
+                    self.stage_k[li][slot, :, off, :] = k.to(self.dtype)
+                    self.stage_v[li][slot, :, off, :] = v.to(self.dtype)
+                for page, s in self._seal_host:
+                    self._seal(li, page, self.stage_k[li][s], self.stage_v[li][s])
             if li == self.layer_num - 1:
-                sealed_now = [pg for pg, _ in direct] + [pg for pg, _ in seal_staged]
-                for page, s in seal_staged:
-                    self.page_staging[page] = -1
-                    self.staging_free.append(s)
-                if sealed_now:
-                    self.page_sealed[torch.tensor(sealed_now, dtype=torch.int64)] = True
-                self.stats["seals"] += len(sealed_now)
-                self.stats["seals_last_step"] = len(sealed_now)
-                self.stats["direct_seals"] += len(direct)
-                self._plan = None
-                if self._gauges is not None:
-                    self._gauges.update(self)
+                self._step_begun = False
+
+        def _write_and_seal_kernels(self, li: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+            """Kernel path: one write launch (rotate, s_t, BF16 staging; padding tokens skipped by the
+            map) and one seal launch for every page of the step's plan."""
+            from .. import kernels as K
+
+            cfg = self.oscar_config
+            if loc.numel():
+                K.oscar_write_kv(k=k.contiguous(), v=v.contiguous(), loc=loc, page_to_staging=self.page_map,
+                                 staging_k=self.stage_k[li], staging_v=self.stage_v[li],
+                                 staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
+                                 rotation=cfg.rotation)
+            if self._seal_plan is not None:
+                K.oscar_seal(plan=self._seal_plan, staging_k=self.stage_k[li], staging_v=self.stage_v[li],
+                             staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
+                             k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
+                             v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,
+                             bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group)
 
         def _seal(self, li: int, page: int, k: torch.Tensor, v: torch.Tensor) -> None:
             """Quantize one page `[H, P, D]` of layer `li` into the packed arrays (reference path)."""
@@ -256,7 +330,7 @@ def _make_pool_class() -> type:
             """BF16 K/V `[H, t, D]` of slots that lie in open (staged) pages."""
             p = self.page_size
             pages = slots // p
-            stg = self.page_staging.to(slots.device)[pages]
+            stg = self.page_map.to(slots.device)[pages].to(torch.int64)
             if bool((stg < 0).any()):
                 raise RuntimeError("OScaR: reading an open token whose page has no staging page")
             off = slots % p

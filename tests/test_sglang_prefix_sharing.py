@@ -1,0 +1,351 @@
+"""The OScaR pool + `OscarPagedAllocator` (Rust runtime) + `oscar` backend under SGLang's real radix
+caches, on device="cpu".
+
+A small scheduler drives SGLang's `RadixCache` and `UnifiedRadixCache` the way SGLang's scheduler
+does (match -> lock -> alloc_extend / alloc_decode -> forward -> insert + free duplicates -> relock /
+unlock -> evict). The forward is the real backend over the real pool: `init_forward_metadata` makes
+the step's one runtime call, every layer writes its K/V into staging and seals the plan's pages, and
+attention must equal the reference with the server's sealing schedule (pages sealed before a step
+read as codes, the rest exact). K/V/Q of a token depend only on (layer, token, position), so a
+request that reuses another's sealed pages must get exactly the same answers as if it had computed
+them. Shared sealed pages are never rewritten; eviction, abort and retraction give every page and
+staging page back.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sglang")
+torch = pytest.importorskip("torch")
+
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+
+from oscar_sgl import reference as ref  # noqa: E402
+from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.sglang.allocator import OscarPagedAllocator, attach_radix_cache  # noqa: E402
+from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
+
+H, HQ, D, P, LAYERS, VOCAB = 2, 4, 16, 8, 2, 97
+CFG = OscarConfig(bits=2, k_group=8, v_group=8, residual=P)
+SM = D ** -0.5
+
+
+def _tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(LAYERS, VOCAB, H, D, generator=g)
+    v = torch.randn(LAYERS, VOCAB, H, D, generator=g)
+    q = torch.randn(LAYERS, VOCAB, HQ, D, generator=g)
+    return k, v, q
+
+
+KT, VT, QT = _tables()
+
+
+def kvq(tokens: list[int], start: int, end: int, li: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`[n, H, D]` K, V and `[n, HQ, D]` Q of positions start..end (a function of token and position)."""
+    ids = torch.tensor([t % VOCAB for t in tokens[start:end]])
+    pos = torch.arange(start, end, dtype=torch.float32)
+    gain = (1.0 + 0.05 * pos)[:, None, None]  # token norms that vary, as real keys do
+    return KT[li, ids] * gain, VT[li, ids], QT[li, ids]
+
+
+def expected(tokens: list[int], pos: int, step_start: int, li: int) -> torch.Tensor:
+    """The reference for the query at `pos` of a step starting at `step_start`."""
+    k, v, q = kvq(tokens, 0, pos + 1, li)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
+    own = step_start // P * P
+    kbs, vbs = [], []
+    for s in range(0, own, P):
+        kb, vb = ref.seal(k[:, s:s + P], v[:, s:s + P], CFG)
+        kbs.append(kb)
+        vbs.append(vb)
+    return ref.decode_attention(q[pos], kbs, vbs, k[:, own:], v[:, own:], CFG, SM)
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    prompt_len: int
+    max_len: int
+    chunk: int
+    rid: int
+    row: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    seq_len: int = 0
+    protected: int = 0
+    lock: Any = None
+
+
+class Server:
+    """One OScaR pool + allocator + backend + SGLang radix cache, driven like SGLang's scheduler."""
+
+    def __init__(self, kind: str, *, pages: int, max_requests: int = 4) -> None:
+        from oscar_sgl.sglang.pool import pool_class_for
+
+        self.size = pages * P
+        self.pool = pool_class_for(CFG, max_running_requests=max_requests, max_prefill_tokens=64)(
+            self.size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
+            device="cpu", enable_memory_saver=False,
+        )
+        self.alloc = OscarPagedAllocator(self.size, P, torch.float32, "cpu", self.pool, False,
+                                         runtime=self.pool.oscar_runtime)
+        self.r2t = ReqToTokenPool(size=8, max_context_len=256, device="cpu", enable_memory_saver=False)
+        params = CacheInitParams(
+            disable=False, req_to_token_pool=self.r2t, token_to_kv_pool_allocator=self.alloc, page_size=P,
+            tree_components=(ComponentType.FULL,) if kind == "unified" else None,
+        )
+        self.kind = kind
+        self.cache: Any = RadixCache(params) if kind == "radix" else UnifiedRadixCache(params)
+        attach_radix_cache(self.cache, self.alloc)
+        runner = SimpleNamespace(device="cpu", req_to_token_pool=self.r2t, token_to_kv_pool=self.pool)
+        self.backend = create_oscar_backend(runner)
+        self.layers = [RadixAttention(HQ, D, SM, H, layer_id=i) for i in range(LAYERS)]
+        self.next_row = 0
+        self.checked = 0
+        self.steps = 0
+
+    @property
+    def rt(self) -> Any:
+        return self.pool.oscar_runtime
+
+    # ---- requests ----
+
+    def key(self, tokens: list[int]) -> RadixKey:
+        return RadixKey(array("q", tokens))
+
+    def admit(self, tokens: list[int], *, gen: int, chunk: int) -> Req:
+        self.next_row += 1
+        r = Req(tokens=list(tokens) + [500 + 7 * i for i in range(gen)], prompt_len=len(tokens),
+                max_len=len(tokens) + gen, chunk=chunk, rid=self.next_row)
+        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens[: len(tokens) - 1])))
+        r.row = torch.zeros(r.max_len, dtype=torch.int64)
+        if m.device_prefix_len:
+            r.row[: m.device_prefix_len] = self.cache.path_device_indices(m.last_device_node)[: m.device_prefix_len]
+        r.seq_len = r.protected = m.device_prefix_len
+        r.lock = self.cache.lock(m.last_device_node)
+        return r
+
+    def _forward(self, reqs: list[Req], pre: list[int], seq: list[int], out: torch.Tensor, decode: bool) -> None:
+        for r, p, s in zip(reqs, pre, seq):
+            self.r2t.req_to_token[r.rid, :s] = r.row[:s].to(torch.int32)
+        fb = SimpleNamespace(
+            req_pool_indices=torch.tensor([r.rid for r in reqs]), seq_lens=torch.tensor(seq),
+            extend_prefix_lens=torch.tensor(pre), out_cache_loc=out,
+        )
+        self.backend.init_forward_metadata(fb)  # the step's one runtime call
+        self.steps += 1
+        for li, layer in enumerate(self.layers):
+            parts = [kvq(r.tokens, p, s, li) for r, p, s in zip(reqs, pre, seq)]
+            k = torch.cat([x[0] for x in parts])
+            v = torch.cat([x[1] for x in parts])
+            q = torch.cat([x[2] for x in parts]).reshape(-1, HQ * D)
+            fwd = self.backend.forward_decode if decode else self.backend.forward_extend
+            o = fwd(q, k, v, layer, fb).reshape(-1, HQ, D)
+            at = 0
+            for r, p, s in zip(reqs, pre, seq):
+                for pos in range(p, s):
+                    torch.testing.assert_close(o[at], expected(r.tokens, pos, p, li), atol=3e-5, rtol=3e-5)
+                    at += 1
+                    self.checked += 1
+        self.rt.check()
+
+    def extend(self, reqs: list[Req]) -> None:
+        pre = [r.seq_len for r in reqs]
+        seq = [min(r.seq_len + r.chunk, r.prompt_len) for r in reqs]
+        last = [int(r.row[p - 1]) if p > 0 else -1 for r, p in zip(reqs, pre)]
+        t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        out = self.alloc.alloc_extend(t(pre), t(pre), t(seq), t(seq), t(last), sum(seq) - sum(pre))
+        assert out is not None, "pool exhausted: evict first"
+        at = 0
+        for r, p, s in zip(reqs, pre, seq):
+            r.row[p:s] = out[at:at + s - p]
+            at += s - p
+            r.seq_len = s
+        self._forward(reqs, pre, seq, out, decode=False)
+
+    def decode(self, reqs: list[Req]) -> None:
+        seq = [r.seq_len + 1 for r in reqs]
+        t = torch.tensor(seq, dtype=torch.int64)
+        last = torch.stack([r.row[r.seq_len - 1] for r in reqs])
+        out = self.alloc.alloc_decode(t, t, last)
+        assert out is not None
+        for r, loc in zip(reqs, out):
+            r.row[r.seq_len] = loc
+            r.seq_len += 1
+        self._forward(reqs, [s - 1 for s in seq], seq, out, decode=True)
+
+    def idle(self) -> None:
+        """A scheduler step with no forward (the runtime still sees its events)."""
+        self.pool.oscar_begin_step(new_step=True)
+        self.pool._step_begun = False
+        self.steps += 1
+
+    def _insert(self, r: Req) -> int:
+        key = self.key(r.tokens[: r.seq_len]).page_aligned(P)
+        n = len(key)
+        if self.kind == "unified":
+            self.cache.insert(InsertParams(key=key, value=r.row[:n].clone(), prev_prefix_len=r.protected))
+        else:
+            result = self.cache.insert(InsertParams(key=key, value=r.row[:n].clone()))
+            dup = r.row[r.protected:result.prefix_len]
+            if dup.numel():
+                self.alloc.free_segment(dup, start_pos=r.protected)
+        return n
+
+    def checkpoint(self, r: Req) -> None:
+        """cache_unfinished_req (chunked prefill)."""
+        n = self._insert(r)
+        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(r.tokens[:n])))
+        assert m.device_prefix_len == n
+        r.row[:n] = self.cache.path_device_indices(m.last_device_node)[:n]
+        r.protected = n
+        self.cache.unlock(r.lock)
+        r.lock = self.cache.lock(m.last_device_node)
+
+    def finish(self, r: Req) -> None:
+        n = self._insert(r)
+        tail = r.row[n:r.seq_len]
+        if tail.numel():
+            self.alloc.free_segment(tail, start_pos=n)
+        self.cache.unlock(r.lock)
+
+    def abort(self, r: Req) -> None:
+        """Abort, or retraction (SGLang's `release_kv_cache(checkpoint=False)`: the KV is dropped and
+        recomputed later, so no page leaves the pool without its scales)."""
+        own = r.row[r.protected:r.seq_len]
+        if own.numel():
+            self.alloc.free_segment(own, start_pos=r.protected)
+        self.cache.unlock(r.lock)
+
+    def codes_of(self, pages: list[int]) -> list[torch.Tensor]:
+        return [torch.cat([self.pool.k_codes[li][pages].flatten(), self.pool.v_codes[li][pages].flatten(),
+                           self.pool.k_params[li][pages].flatten().view(torch.uint8),
+                           self.pool.scales[li][pages].flatten().view(torch.uint8)]).clone()
+                for li in range(LAYERS)]
+
+    def evict_all_and_check(self) -> None:
+        self.cache.evict(EvictParams(num_tokens=self.size))
+        self.idle()
+        self.idle()  # the last seals' staging pages come back when the next step starts
+        s = self.rt.stats()
+        assert self.alloc.available_size() == self.size, "SGLang did not get every page back"
+        assert s.free_pages == s.total_pages and s.open_pages == 0 and s.locked_pages == 0, s
+        assert self.rt.staging_free() == self.rt.staging_slots, "a staging page leaked"
+        assert (self.pool.page_map == -1).all(), "the device page map still names a staging page"
+        assert s.steps == self.steps, "one runtime call per scheduler step, never per layer"
+        self.rt.check()
+
+
+def _prompt(base: int, n: int) -> list[int]:
+    return [base * 31 + i for i in range(n)]
+
+
+KINDS = ["radix", "unified"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_prefix_eviction_abort(kind: str) -> None:
+    srv = Server(kind, pages=24)
+    shared = _prompt(1, 19)
+    # A: chunked prefill (8 + 8 + 6 tokens), decode, finish: its whole pages go to the tree.
+    a = srv.admit(shared + [3, 3, 3], gen=6, chunk=8)
+    while a.seq_len < a.prompt_len:
+        srv.extend([a])
+        if a.seq_len < a.prompt_len:
+            srv.checkpoint(a)
+    for _ in range(6):
+        srv.decode([a])
+    srv.finish(a)
+    srv.idle()
+    assert srv.rt.stats().tree_pages == a.seq_len // P
+
+    # B and C match A's first two pages (16 tokens): sealed, tree-owned, read as codes.
+    b = srv.admit(shared + [9, 9], gen=7, chunk=32)
+    c = srv.admit(shared + [5], gen=4, chunk=32)
+    assert b.protected == c.protected == 16
+    shared_pages = sorted(set((b.row[:16] // P).tolist()))
+    for page in shared_pages:
+        info = srv.rt.page_info(page)
+        assert (info.state, info.owner) == ("sealed", "tree")
+    before = srv.codes_of(shared_pages)
+    srv.extend([b, c])  # one batch, two requests over the same sealed prefix
+    for page in shared_pages:
+        assert srv.rt.page_info(page).locks == 2
+    for _ in range(4):
+        srv.decode([b, c])
+    srv.abort(c)  # C aborts mid-decode: its open page and staging page come back
+    for _ in range(3):
+        srv.decode([b])
+    after = srv.codes_of(shared_pages)
+    assert all(torch.equal(x, y) for x, y in zip(before, after)), "a shared sealed page was rewritten"
+    srv.finish(b)
+    srv.idle()
+
+    # D aborts mid-prefill (after a checkpoint put its first pages in the tree).
+    d = srv.admit(_prompt(4, 30), gen=2, chunk=9)
+    srv.extend([d])
+    srv.checkpoint(d)
+    srv.extend([d])
+    assert srv.rt.stats().open_pages == 1
+    srv.abort(d)
+    srv.idle()
+    assert srv.rt.stats().open_pages == 0
+    # E re-prefills D's prompt and reuses the sealed pages D left in the tree.
+    e = srv.admit(_prompt(4, 30), gen=2, chunk=32)
+    assert e.protected == 8
+    srv.extend([e])
+    srv.decode([e])
+    srv.finish(e)
+    srv.evict_all_and_check()
+    assert srv.checked > 100
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eviction_under_pressure_and_retraction(kind: str) -> None:
+    srv = Server(kind, pages=10)
+    held: list[Req] = []
+    for i in range(6):
+        r = srv.admit(_prompt(i + 10, 11), gen=3, chunk=16)  # 2 pages once decoded
+        need = -(-r.max_len // P)
+        if srv.alloc.available_size() < need * P:
+            srv.cache.evict(EvictParams(num_tokens=need * P - srv.alloc.available_size()))
+        srv.extend([r])
+        for _ in range(3):
+            srv.decode([r])
+        if i % 3 == 0:
+            held.append(r)
+        else:
+            srv.finish(r)
+            srv.idle()
+    # Retraction of a running request: its KV is dropped (never moved without its scales) and it
+    # is prefilled again from scratch, matching the tree where it can.
+    victim = held.pop()
+    srv.abort(victim)
+    srv.idle()
+    again = srv.admit(victim.tokens[:victim.prompt_len], gen=2, chunk=16)
+    srv.extend([again])
+    srv.decode([again])
+    srv.finish(again)
+    for r in held:
+        srv.finish(r)
+    srv.idle()
+    srv.evict_all_and_check()
+
+
+def test_retraction_to_host_is_rejected_cleanly() -> None:
+    srv = Server("radix", pages=8)
+    with pytest.raises(NotImplementedError, match="retraction"):
+        srv.pool.get_cpu_copy(torch.arange(P))
+    with pytest.raises(NotImplementedError):
+        srv.pool.load_cpu_copy(None, torch.arange(P))
