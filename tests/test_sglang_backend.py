@@ -125,6 +125,52 @@ def test_cell_size_and_snapshot():
     assert s["pages"]["free"] == pool.num_pages - 1
 
 
+def test_staging_reserve_covers_the_staging_the_pool_allocates():
+    """The bytes the pool sizer charges for staging (plugin hook on DefaultPoolConfigurator) are at
+    least what the pool allocates, so a GPU server never allocates staging on top of its budget."""
+    from oscar_sgl.sglang.pool import staging_bytes_upper_bound
+
+    for max_tokens in (256, 4096):
+        pool, *_ = _setup(max_tokens)
+        allocated = sum(t.numel() * t.element_size() for t in pool.stage_k + pool.stage_v)
+        allocated += sum(t.numel() * t.element_size() for t in (pool.stage_scale or []))
+        reserve = staging_bytes_upper_bound(CFG, num_kv_heads=H, head_dim=D, num_layers=LAYERS,
+                                            max_running_requests=4, max_prefill_tokens=None, element_size=4)
+        assert allocated <= reserve
+        if pool.num_staging < pool.num_pages and pool.stage_scale is None:
+            # Not capped by the page count: exact, but for the token scales only the kernel path stages.
+            assert reserve - allocated == LAYERS * P * 4 * CFG.scale_columns(H) * (pool.num_staging + 1)
+
+
+def test_pool_sizer_charges_the_staging_reserve():
+    """The hook adds the reserve to SGLang's fixed overhead (the bias subtracted before sizing)."""
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    from oscar_sgl.sglang import plugin
+
+    hooks = [fn for target, kind, fn in plugin.HOOKS
+             if target.endswith("DefaultPoolConfigurator.__init__") and kind == "AFTER"]
+    assert len(hooks) == 1
+    from oscar_sgl.sglang.validate import SERVER_ARGS_ATTR
+
+    args = SimpleNamespace(**{SERVER_ARGS_ATTR: CFG.to_dict()}, max_running_requests=4, max_prefill_tokens=None,
+                           chunked_prefill_size=None)
+    kvc = SimpleNamespace(server_args=args, kv_cache_dtype=torch.bfloat16,
+                          model_config=SimpleNamespace(get_num_kv_heads=lambda tp: H, head_dim=D),
+                          layer_info=SimpleNamespace(num_effective_layers=LAYERS))
+    conf = object.__new__(DefaultPoolConfigurator)
+    conf._fixed_overhead_bytes = 1000
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(attn_tp_size=1):  # what a single-rank server publishes
+        hooks[0](None, conf, kvc)
+    from oscar_sgl.sglang.pool import staging_bytes_upper_bound
+
+    want = staging_bytes_upper_bound(CFG, num_kv_heads=H, head_dim=D, num_layers=LAYERS, max_running_requests=4,
+                                     max_prefill_tokens=None, element_size=2)
+    assert conf._fixed_overhead_bytes == 1000 + want
+
+
 def test_plain_reads_fail_loudly():
     pool, *_ = _setup()
     with pytest.raises(NotImplementedError, match="packed"):

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
 
 
 def _has_installed_entry_point() -> bool:
@@ -36,8 +35,14 @@ def _has_installed_entry_point() -> bool:
 
 
 def server_env() -> dict[str, str]:
+    """The server processes import the same `oscar_sgl` as this process (the installed wheel in CI,
+    the checkout's python/ with an editable install) plus the test-only `sgl_kernel` stand-in."""
+    import oscar_sgl
+
     env = dict(os.environ)
-    paths = [str(REPO / "python"), str(HERE / "stand_in")]
+    pkg_root = Path(oscar_sgl.__file__).resolve().parent.parent
+    paths = [] if "site-packages" in pkg_root.parts else [str(pkg_root)]
+    paths.append(str(HERE / "stand_in"))
     if not _has_installed_entry_point():
         paths.append(str(HERE / "entry_point"))
     old = env.get("PYTHONPATH")

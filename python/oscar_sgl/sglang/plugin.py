@@ -127,6 +127,30 @@ def _around_compute_cell_size(original: Callable[..., Any], self: Any, kvc: Any,
     return cell_size_bytes(cfg, heads, kvc.model_config.head_dim, num_layers)
 
 
+@_hook("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "AFTER")
+def _after_pool_configurator_init(result: Any, self: Any, kvc: Any, *args: Any, **kwargs: Any) -> Any:
+    """Charge the BF16 staging pool (open pages) to the KV budget before SGLang divides the rest by
+    the packed cell size: without this a GPU server would allocate the staging on top of its budget."""
+    cfg = oscar_config_of(kvc.server_args)
+    if cfg is None:
+        return result
+    import torch
+
+    from sglang.srt.runtime_context import get_parallel
+
+    from .pool import staging_bytes_upper_bound
+
+    elem = max(2, torch._utils._element_size(kvc.kv_cache_dtype))
+    reserve = staging_bytes_upper_bound(
+        cfg, num_kv_heads=kvc.model_config.get_num_kv_heads(get_parallel().attn_tp_size),
+        head_dim=kvc.model_config.head_dim, num_layers=kvc.layer_info.num_effective_layers,
+        max_running_requests=getattr(kvc.server_args, "max_running_requests", None),
+        max_prefill_tokens=_prefill_tokens(kvc.server_args), element_size=elem,
+    )
+    self._fixed_overhead_bytes = int(getattr(self, "_fixed_overhead_bytes", 0) or 0) + reserve
+    return result
+
+
 @_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class", "AROUND")
 def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, kind: str, default: type) -> type:
     cfg = oscar_config_of(self.server_args)

@@ -67,6 +67,24 @@ def check_kernel_shape(cfg: OscarConfig, head_dim: int) -> None:
         raise ValueError(f"OScaR kernels: the page size must be a multiple of 32, got {cfg.residual}")
 
 
+def staging_slots_for(*, max_running_requests: int | None, max_prefill_tokens: int | None, page_size: int) -> int:
+    """Staging pages the pool allocates before capping at its page count (defaults: 64 requests,
+    16384 prefill tokens, as SGLang's own defaults when the flags are unset)."""
+    return staging_slots_needed(max_running_requests=max_running_requests or 64,
+                                max_prefill_tokens=max_prefill_tokens or 16384, page_size=page_size)
+
+
+def staging_bytes_upper_bound(cfg: OscarConfig, *, num_kv_heads: int, head_dim: int, num_layers: int,
+                              max_running_requests: int | None, max_prefill_tokens: int | None,
+                              element_size: int) -> int:
+    """Bytes of the staging pool over all layers (K, V, the padding sink page and the kernel path's
+    fp32 token scales), at most what `OscarKVPool` allocates."""
+    pages = staging_slots_for(max_running_requests=max_running_requests, max_prefill_tokens=max_prefill_tokens,
+                              page_size=cfg.residual) + 1
+    per_page = cfg.residual * (2 * num_kv_heads * head_dim * element_size + 4 * cfg.scale_columns(num_kv_heads))
+    return pages * per_page * num_layers
+
+
 def bf16_cell_size_bytes(num_kv_heads: int, head_dim: int, num_layers: int) -> int:
     return 2 * num_kv_heads * head_dim * 2 * num_layers
 
@@ -125,12 +143,12 @@ def _make_pool_class() -> type:
                         "OScaR kernel path on a non-CUDA device needs TRITON_INTERPRET=1 (set before "
                         "anything imports triton); unset OSCAR_SGL_USE_KERNELS for the torch reference path"
                     )
-            requests = self.oscar_max_requests or 64
-            prefill = self.oscar_max_prefill_tokens or 16384
             # Every page a step writes is staged; a page that fills keeps its staging page until the
             # next step (its seal runs in this step's forward, its attention still reads it).
-            self.num_staging = max(2, min(self.num_pages, staging_slots_needed(
-                max_running_requests=requests, max_prefill_tokens=prefill, page_size=page_size)))
+            # The pool sizer charged these bytes to the KV budget (plugin.py).
+            self.num_staging = max(2, min(self.num_pages, staging_slots_for(
+                max_running_requests=self.oscar_max_requests, max_prefill_tokens=self.oscar_max_prefill_tokens,
+                page_size=page_size)))
             super().__init__(size, page_size, dtype, head_num, head_dim, layer_num, device,
                              enable_memory_saver, enable_kv_cache_copy=False, **kwargs)
             self._oscar_allocator: Any = None
