@@ -10,7 +10,7 @@ from test_kernels_support import ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVIC
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import OscarConfig
-from oscar_sgl.kernels import oscar_decode_attention, oscar_write_kv
+from oscar_sgl.kernels import decode_workspace, oscar_decode_attention, oscar_write_kv
 
 # bits x head_dim x GQA ratio, page sizes cycling through 32 / 64 / 128
 _GRID = [(b, d, g) for b in (2, 4) for d in (64, 128, 256) for g in (1, 3, 4, 8)]
@@ -126,13 +126,62 @@ def test_decode_after_write_with_fused_query_rotation(nan_empty):
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
+@pytest.mark.parametrize("method,scope", [("oscar", "layer"), ("oscar", "head"), ("kivi", "layer")])
+def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
+    """The decode launch with the write fused (new_k/new_v/new_loc, query rotation in-kernel,
+    merge in-kernel) stages exactly the bytes the separate write launch stages, skips a padding
+    request (page 0, mapped to -1), and gives the same attention as write launch + decode."""
+    cfg = OscarConfig.for_method(method, bits=2, residual=32, norm_scope=scope)
+    p, h, d, g = 32, 2, 64, 4
+    lens = [40, 96, 64]  # request 2 is a padding row: its token goes to page 0
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], seed=9) for _ in range(2)]
+    gen = torch.Generator().manual_seed(10)
+    k_new = torch.randn(3, h, d, generator=gen).bfloat16().to(DEVICE)
+    v_new = torch.randn(3, h, d, generator=gen).bfloat16().to(DEVICE)
+    q = torch.randn(3, h * g, d, generator=gen).bfloat16().to(DEVICE)
+    outs = []
+    for fused, pool in zip((False, True), pools):
+        pool.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(3)]
+        loc = torch.tensor([last[0] * p + 39 % p, last[1] * p + 95 % p, 0 * p + 5], device=DEVICE)
+        out = torch.full(q.shape, float("nan"), device=DEVICE)
+        if fused:
+            _decode(pool, q, out=out, new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale, num_splits=2)
+        else:
+            q_rot = oscar_write_kv(k=k_new, v=v_new, loc=loc, page_to_staging=pool.page_to_staging,
+                                   staging_k=pool.staging_k, staging_v=pool.staging_v,
+                                   staging_scale=pool.staging_scale, q=q, rotation=cfg.rotation)
+            _decode(pool, q, out=out, q_rot=q_rot, num_splits=2, fused_merge=False)
+        outs.append(out)
+    a, b = pools
+    assert torch.equal(a.staging_k.view(torch.int16), b.staging_k.view(torch.int16))
+    assert torch.equal(a.staging_v.view(torch.int16), b.staging_v.view(torch.int16))
+    if a.staging_scale is not None:
+        torch.testing.assert_close(a.staging_scale, b.staging_scale, rtol=2e-7, atol=0)
+    assert rel_rms(outs[1][:2], outs[0][:2]) < 1e-6
+
+
+def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(nan_empty):
+    """Replays reuse the workspace: the in-kernel merge must leave every counter at zero, and it
+    must give the separate merge launch's result."""
+    cfg = OscarConfig(bits=4, residual=32)
+    pool = build_pool(cfg, h=2, d=64, p=32, lens=[7 * 32 + 5, 1, 64], last_sealed={2}, seed=11)
+    q = torch.randn(3, 6, 64).bfloat16().to(DEVICE)
+    ws = decode_workspace(3, 6, 2, 64, 5, DEVICE)
+    ref = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=5, fused_merge=False)
+    for _ in range(2):
+        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), num_splits=5, workspace=ws)
+        assert int(ws[2].abs().sum()) == 0
+        assert rel_rms(out, ref) < 1e-6
+
+
 def test_decode_cuda_graph_shape_does_not_depend_on_lengths(nan_empty):
     """Same launch (batch, splits, workspace) serves other lengths: nothing about lengths is baked in."""
     cfg = OscarConfig(bits=2, residual=32)
     for seed, lens in ((6, [33, 1]), (7, [200, 64])):
         pool = build_pool(cfg, h=1, d=64, p=32, lens=lens, seed=seed)
         q = torch.randn(2, 2, 64).bfloat16().to(DEVICE)
-        ws = (torch.empty(2, 2, 4, 64, device=DEVICE), torch.empty(2, 2, 4, device=DEVICE))
+        ws = decode_workspace(2, 2, 1, 64, 3, DEVICE)
         out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=3, workspace=ws)
         assert rel_rms(out, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
 
@@ -154,3 +203,57 @@ def test_decode_gpu_real_sizes(bits, block_n, num_warps, nan_empty):
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
     out16 = _decode(pool, q, block_n=block_n, num_warps=num_warps)
     assert rel_rms(out16, ref) < ATTN_BOUND_BF16_OUT
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
+    """The backend's decode launch (query rotation, write, attention, merge) captured once in a CUDA
+    graph and replayed for two consecutive steps with new lengths, slots, tokens and queries in the
+    captured buffers gives what eager launches give: outputs and staged bytes."""
+    p, h, g, d = 128, 8, 4, 128
+    cfg = OscarConfig(bits=bits, residual=p)
+    lens = [1000, 300, 129]
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens, device=torch.device("cuda"), seed=12) for _ in range(2)]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    steps = [(torch.randn(3, h * g, d, device="cuda", generator=gen).bfloat16(),
+              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16(),
+              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16()) for _ in range(2)]
+
+    def slots(pool, n_tokens):
+        last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(3)]
+        return torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last, n_tokens)], device="cuda")
+
+    eager = []
+    for i, (q, k_new, v_new) in enumerate(steps):
+        n_tokens = [n + 1 + i for n in lens]
+        pools[0].seq_lens = torch.tensor(n_tokens, dtype=torch.int32, device="cuda")
+        eager.append(_decode(pools[0], q, out=torch.empty(q.shape, device="cuda"), new_k=k_new, new_v=v_new,
+                             new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale, num_splits=7))
+    pool = pools[1]
+    q_s, k_s, v_s = (t.clone() for t in steps[0])
+    loc_s = slots(pool, [n + 1 for n in lens])
+    pool.seq_lens = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device="cuda")
+    out_s = torch.empty(q_s.shape, device="cuda")
+    ws = decode_workspace(3, h * g, h, d, 7, "cuda")
+    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, num_splits=7, workspace=ws)
+    _decode(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _decode(pool, q_s, **kw)
+    for i, (q, k_new, v_new) in enumerate(steps):
+        n_tokens = [n + 1 + i for n in lens]
+        q_s.copy_(q)
+        k_s.copy_(k_new)
+        v_s.copy_(v_new)
+        loc_s.copy_(slots(pool, n_tokens))
+        pool.seq_lens.copy_(torch.tensor(n_tokens, dtype=torch.int32))
+        out_s.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_rms(out_s, eager[i]) < 1e-6
+    assert int(ws[2].abs().sum()) == 0
+    assert torch.equal(pools[0].staging_k.view(torch.int16), pool.staging_k.view(torch.int16))
+    assert torch.equal(pools[0].staging_v.view(torch.int16), pool.staging_v.view(torch.int16))

@@ -28,7 +28,33 @@ import triton
 import triton.language as tl
 
 from .common import channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, to_bf16_rne, use_asm
-from .write import oscar_rotate_q
+from .write import write_token
+
+
+@triton.jit
+def merge_partials(part_o_ptr, part_lse_ptr, base, m_rows, n_part, ROWS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+    """Log-sum-exp merge of the ``n_part`` partials of ``ROWS`` query heads (partial ``j`` of row
+    ``r`` at index ``base[r] + j``), CHUNK partials per block load -> ``[ROWS, D]`` fp32.
+
+    Loads bypass L1 (``.cg``): in the fused merge the partials were written by other programs."""
+    o_d = tl.arange(0, D)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for s0 in range(0, n_part, CHUNK):
+        o_s = s0 + tl.arange(0, CHUNK)
+        m_s = m_rows[:, None] & (o_s < n_part)[None, :]
+        o_p = base[:, None] + o_s[None, :]
+        b_lse = tl.load(part_lse_ptr + o_p, mask=m_s, other=float("-inf"), cache_modifier=".cg")
+        b_o = tl.load(part_o_ptr + o_p[:, :, None] * D + o_d[None, None, :], mask=m_s[:, :, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(b_lse, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        w = tl.exp2(b_lse - m_ref[:, None])  # empty splits (lse = -inf) weigh 0
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * b_o, axis=1)
+        l = l * alpha + tl.sum(w, axis=1)
+        m = m_new
+    return acc / tl.where(l > 0.0, l, 1.0)[:, None]
 
 
 @triton.jit
@@ -47,6 +73,21 @@ def _decode_stage1_kernel(
     seq_lens_ptr,
     part_o_ptr,
     part_lse_ptr,
+    q_ptr,
+    new_k_ptr,
+    new_v_ptr,
+    new_loc_ptr,
+    stg_scale_ptr,
+    counter_ptr,
+    out_ptr,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    stride_ob,
+    stride_oh,
     sm_scale_log2,
     H: tl.constexpr,
     GROUP: tl.constexpr,
@@ -61,6 +102,15 @@ def _decode_stage1_kernel(
     BLOCK_T: tl.constexpr,
     USE_ASM: tl.constexpr,
     INTERPRET: tl.constexpr,
+    ROT_Q: tl.constexpr,
+    WRITE: tl.constexpr,
+    MERGE: tl.constexpr,
+    ROTATE: tl.constexpr,
+    LOG2D: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -77,6 +127,28 @@ def _decode_stage1_kernel(
         s_col = i_h
     else:
         s_col = 0
+
+    o_g = tl.arange(0, BLOCK_G)
+    m_g = o_g < GROUP
+    if ROT_Q:
+        # The query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV head
+        # h (identical values, so the concurrent stores of the splits agree) and re-reads them below
+        # in the order the sealed tiles want.
+        b_qr = tl.load(q_ptr + i_b * stride_qb + (i_h * GROUP + o_g)[:, None] * stride_qh + tl.arange(0, D)[None, :],
+                       mask=m_g[:, None], other=0.0).to(tl.float32)
+        if ROTATE:
+            b_qr = fwht_rows(b_qr, BLOCK_G, D, LOG2D) * INV_SQRT_D
+        tl.store(qrot_ptr + (i_b * (H * GROUP) + i_h * GROUP + o_g)[:, None] * D + tl.arange(0, D)[None, :], b_qr,
+                 mask=m_g[:, None])
+    if WRITE:
+        if i_s == n_split:
+            # The write path, fused into the program that reads the open page: rotate the new
+            # token's K/V of head h, store them BF16 into its staging slot, and its s_t.
+            write_token(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr,
+                        i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh,
+                        H, BLOCK_HK, D, LOG2D, P, S, ROTATE, INV_SQRT_D)  # fmt: skip
+    if ROT_Q or WRITE:
+        tl.debug_barrier()  # this program's stores above are read back below
 
     seq_len = tl.load(seq_lens_ptr + i_b)
     kv_start = tl.load(kv_indptr_ptr + i_b).to(tl.int64)
@@ -127,6 +199,21 @@ def _decode_stage1_kernel(
     o_part = (i_b * HQ + o_hq) * (n_split + 1) + i_s
     tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
     tl.store(part_lse_ptr + o_part, b_lse, mask=m_r)
+    if MERGE:
+        # The merge, fused: the last of the n_split + 1 programs of (b, h) to finish merges all
+        # partials (a release/acquire counter; the barrier makes every thread's partial stores part
+        # of the release) and resets the counter for the next launch (CUDA-graph replays included).
+        tl.debug_barrier()
+        o_cnt = counter_ptr + i_b * H + i_h
+        arrived = tl.atomic_add(o_cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_split:
+            base = (i_b * HQ + i_h * GROUP + o_g) * (n_split + 1)
+            b_out = merge_partials(part_o_ptr, part_lse_ptr, base, m_g, n_split + 1, BLOCK_G, D, CHUNK)
+            if ROTATE:
+                b_out = fwht_rows(b_out, BLOCK_G, D, LOG2D) * INV_SQRT_D
+            p_out = out_ptr + i_b * stride_ob + (i_h * GROUP + o_g)[:, None] * stride_oh + o_d[None, :]
+            tl.store(p_out, b_out.to(out_ptr.dtype.element_ty), mask=m_g[:, None])
+            tl.atomic_xchg(o_cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["n_part"])
@@ -144,28 +231,12 @@ def _decode_stage2_kernel(
     ROTATE: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
 ):
-    # One program per (request, query head); the partials are merged CHUNK at a time (one block
-    # load each), so a long split list costs a few dependent loads, not one per split.
+    # One program per (request, query head): the unfused merge (``fused_merge=False``).
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
-    base = (i_b * HQ + i_hq) * n_part
-    m = tl.full([1], float("-inf"), tl.float32)
-    l = tl.zeros([1], tl.float32)
-    acc = tl.zeros([1, D], tl.float32)
-    for s0 in range(0, n_part, CHUNK):
-        o_s = s0 + tl.arange(0, CHUNK)
-        m_s = o_s < n_part
-        b_lse = tl.load(part_lse_ptr + base + o_s, mask=m_s, other=float("-inf"))
-        b_o = tl.load(part_o_ptr + (base + o_s)[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(b_lse, axis=0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        w = tl.exp2(b_lse - m_ref)  # empty splits (lse = -inf) weigh 0
-        acc = acc * alpha[:, None] + tl.sum(w[:, None] * b_o, axis=0)[None, :]
-        l = l * alpha + tl.sum(w, axis=0)
-        m = m_new
-    b_out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
+    base = (i_b * HQ + i_hq) * n_part + tl.arange(0, 1)
+    b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, 1, D, CHUNK)
     if ROTATE:
         b_out = fwht_rows(b_out, 1, D, LOG2D) * INV_SQRT_D
     p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + o_d[None, :]
@@ -213,6 +284,19 @@ def _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_gr
     return npages, h, p, d, s_cols
 
 
+def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
+                     device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scratch of one decode launch, reusable across launches of the same (batch, splits) and in
+    CUDA graphs: ``(partial_out [B, Hq, splits+1, D] fp32, partial_lse [B, Hq, splits+1] fp32,
+    merge counters [B * H] int32 (zero; every launch leaves them zero), rotated queries [B, Hq, D] fp32)``."""
+    return (
+        torch.empty((batch, num_q_heads, num_splits + 1, head_dim), dtype=torch.float32, device=device),
+        torch.empty((batch, num_q_heads, num_splits + 1), dtype=torch.float32, device=device),
+        torch.zeros((max(1, batch * num_kv_heads),), dtype=torch.int32, device=device),
+        torch.empty((batch, num_q_heads, head_dim), dtype=torch.float32, device=device),
+    )
+
+
 def oscar_decode_attention(
     *,
     q: torch.Tensor,
@@ -233,15 +317,25 @@ def oscar_decode_attention(
     sm_scale: float,
     rotation: bool = True,
     q_rot: torch.Tensor | None = None,
+    new_k: torch.Tensor | None = None,
+    new_v: torch.Tensor | None = None,
+    new_loc: torch.Tensor | None = None,
+    staging_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    workspace: tuple[torch.Tensor, ...] | None = None,
+    fused_merge: bool = True,
     block_n: int | None = None,
     num_warps: int = 2,
     num_stages: int = 3,
     maxnreg: int | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over sealed INT2/INT4 pages plus each request's open BF16 page.
+
+    With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
+    new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
+    with ``fused_merge`` (the default) the last program of each (request, KV head) merges the
+    splits: one launch per layer and step.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
@@ -255,20 +349,25 @@ def oscar_decode_attention(
         seq_lens: ``[B]`` int32 tokens per request (>= 1), the current token included.
         bits, k_group, v_group: the layer's OscarConfig values; sm_scale: the softmax scale.
         rotation: whether K/V were rotated (queries get the same rotation, the output the inverse).
-        q_rot: ``[B, Hq, D]`` fp32 rotated queries when the write launch produced them; else one
-            small rotation launch runs first.
+        q_rot: ``[B, Hq, D]`` fp32 rotated queries when an earlier launch produced them; None: the
+            rotation is fused into this launch.
+        new_k, new_v: ``[B, H, D]`` post-RoPE K/V of the step's token of each request (un-rotated),
+            written by this launch into slot ``new_loc[b]`` (``page * P + offset``, int32/int64) of
+            the staging page ``page_to_staging`` maps it to (skipped when that is -1: padding);
+            ``staging_scale`` ``[num_staging, P, S]`` fp32 receives s_t (None: no token scaling).
         out: ``[B, Hq, D]`` destination (dtype of q when allocated here).
         num_splits: sealed-page splits per (request, KV head); ``pick_num_splits`` when None.
-        workspace: ``(partial_out [B, Hq, num_splits+1, D] fp32, partial_lse [B, Hq, num_splits+1] fp32)``
-            to reuse across calls (CUDA graphs); allocated when None.
+        workspace: ``decode_workspace(...)`` to reuse across calls (CUDA graphs); allocated when None.
+        fused_merge: merge the splits in the last program of each (request, KV head) (one launch);
+            False runs the separate merge launch.
         block_n, num_warps, num_stages, maxnreg: stage-1 tuning (tokens per step, warps, software
             pipeline depth, register cap); the defaults are the fastest measured on an H200.
     Returns:
         ``out``, the attention output in the model's basis.
     """
     npages, h, p, d, s_cols = _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group)
-    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h:
-        raise ValueError(f"q must be [B, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
+    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h or q.stride(2) != 1:
+        raise ValueError(f"q must be [B, Hq, D={d}] (contiguous along D) with Hq a multiple of H={h}, got {tuple(q.shape)}")
     if staging_k.shape[1:] != (h, p, d) or staging_k.dtype != torch.bfloat16 or not staging_k.is_contiguous():
         raise ValueError(f"staging_k must be contiguous bf16 [num_staging, {h}, {p}, {d}], got {tuple(staging_k.shape)}")
     if staging_v.shape != staging_k.shape or staging_v.dtype != torch.bfloat16 or not staging_v.is_contiguous():
@@ -279,35 +378,50 @@ def oscar_decode_attention(
     b, hq, _ = q.shape
     group = hq // h
     log2d = log2_exact(d, "head_dim")
-    if q_rot is None:
-        q_rot = oscar_rotate_q(q=q, rotation=rotation)
-    elif q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous():
+    write = new_k is not None or new_v is not None or new_loc is not None
+    if write:
+        if new_k is None or new_v is None or new_loc is None:
+            raise ValueError("the fused write needs new_k, new_v and new_loc together")
+        if new_k.shape != (b, h, d) or new_v.shape != (b, h, d) or new_k.stride(2) != 1 or new_v.stride(2) != 1:
+            raise ValueError(f"new_k / new_v must be [B={b}, H={h}, D={d}] contiguous along D, got "
+                             f"{tuple(new_k.shape)} / {tuple(new_v.shape)}")
+        if new_loc.shape != (b,):
+            raise ValueError(f"new_loc must be [B]={b}, got {tuple(new_loc.shape)}")
+        if (staging_scale is None) != (s_cols == 0) or (
+            staging_scale is not None and (staging_scale.shape != (staging_k.shape[0], p, s_cols)
+                                           or staging_scale.dtype != torch.float32 or not staging_scale.is_contiguous())
+        ):
+            raise ValueError(f"staging_scale must be contiguous fp32 [{staging_k.shape[0]}, {p}, {s_cols}] "
+                             f"(None exactly when the pool has no token scales)")
+    if q_rot is not None and (q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous()):
         raise ValueError(f"q_rot must be contiguous fp32 {tuple(q.shape)}")
     if num_splits is None:
         num_splits = pick_num_splits(b, h)
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:
-        part_o = torch.empty((b, hq, num_splits + 1, d), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((b, hq, num_splits + 1), dtype=torch.float32, device=q.device)
-    else:
-        part_o, part_lse = workspace
-        if part_o.shape[:2] != (b, hq) or part_o.shape[3:] != (d,) or part_o.shape[2] < num_splits + 1:
-            raise ValueError(f"workspace partial_out must be [{b}, {hq}, >= {num_splits + 1}, {d}]")
-        part_o = part_o[:, :, : num_splits + 1]
-        part_lse = part_lse[:, :, : num_splits + 1]
-        if not (part_o.is_contiguous() and part_lse.is_contiguous()):
-            raise ValueError("the workspace must be sized for exactly num_splits + 1 partials (contiguous)")
+        workspace = decode_workspace(b, hq, h, d, num_splits, q.device)
+    part_o, part_lse, counters, q_scratch = workspace
+    if part_o.shape[:2] != (b, hq) or part_o.shape[3:] != (d,) or part_o.shape[2] < num_splits + 1:
+        raise ValueError(f"workspace partial_out must be [{b}, {hq}, >= {num_splits + 1}, {d}]")
+    part_o = part_o[:, :, : num_splits + 1]
+    part_lse = part_lse[:, :, : num_splits + 1]
+    if not (part_o.is_contiguous() and part_lse.is_contiguous()):
+        raise ValueError("the workspace must be sized for exactly num_splits + 1 partials (contiguous)")
+    if counters.dtype != torch.int32 or counters.numel() < b * h or q_scratch.shape != q.shape or q_scratch.dtype != torch.float32:
+        raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
     if b == 0:
         return out
     block_h = max(16, triton.next_power_of_2(group))
+    block_g = triton.next_power_of_2(group)
     if block_n is None:
         block_n = min(p, 64)
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     if p % block_n or block_n % 16 or (block_n % k_group and k_group % block_n):
         raise ValueError(f"block_n={block_n} must divide the page size {p} and nest with k_group={k_group}")
+    chunk = max(1, min(64, 4096 // (block_g * d), triton.next_power_of_2(num_splits + 1)))
     _decode_stage1_kernel[(b, h, num_splits + 1)](
-        q_rot,
+        q_rot if q_rot is not None else q_scratch,
         k_codes.view(torch.int32),
         k_params.flatten(-2).view(torch.int32),
         v_codes.view(torch.int32),
@@ -321,6 +435,21 @@ def oscar_decode_attention(
         seq_lens,
         part_o,
         part_lse,
+        q,
+        new_k if write else q,
+        new_v if write else q,
+        new_loc if write else seq_lens,
+        staging_scale if staging_scale is not None else part_lse,
+        counters,
+        out,
+        q.stride(0),
+        q.stride(1),
+        new_k.stride(0) if write else 0,
+        new_k.stride(1) if write else 0,
+        new_v.stride(0) if write else 0,
+        new_v.stride(1) if write else 0,
+        out.stride(0),
+        out.stride(1),
         sm_scale * math.log2(math.e),
         H=h,
         GROUP=group,
@@ -335,23 +464,33 @@ def oscar_decode_attention(
         BLOCK_T=min(p, 32 if d <= 128 else 16),
         USE_ASM=use_asm(q.device),
         INTERPRET=interpreting(),
+        ROT_Q=q_rot is None,
+        WRITE=write,
+        MERGE=fused_merge,
+        ROTATE=rotation,
+        LOG2D=log2d,
+        INV_SQRT_D=1.0 / math.sqrt(d),
+        BLOCK_G=block_g,
+        BLOCK_HK=triton.next_power_of_2(h),
+        CHUNK=chunk,
         num_warps=num_warps,
         num_stages=num_stages,
         **extra,
     )
-    _decode_stage2_kernel[(b, hq)](
-        part_o,
-        part_lse,
-        out,
-        num_splits + 1,
-        out.stride(0),
-        out.stride(1),
-        HQ=hq,
-        D=d,
-        LOG2D=log2d,
-        CHUNK=min(64, triton.next_power_of_2(num_splits + 1)),
-        ROTATE=rotation,
-        INV_SQRT_D=1.0 / math.sqrt(d),
-        num_warps=4,
-    )
+    if not fused_merge:
+        _decode_stage2_kernel[(b, hq)](
+            part_o,
+            part_lse,
+            out,
+            num_splits + 1,
+            out.stride(0),
+            out.stride(1),
+            HQ=hq,
+            D=d,
+            LOG2D=log2d,
+            CHUNK=min(64, triton.next_power_of_2(num_splits + 1)),
+            ROTATE=rotation,
+            INV_SQRT_D=1.0 / math.sqrt(d),
+            num_warps=4,
+        )
     return out

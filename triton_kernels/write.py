@@ -88,6 +88,45 @@ def _write_kv_kernel(
         tl.store(q_out_ptr + (i_t * HQ + o_hq[:, None]) * D + o_d[None, :], b_q, mask=m_hq[:, None])
 
 
+@triton.jit
+def write_token(
+    k_ptr, v_ptr, loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, i_t, i_h,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, P: tl.constexpr,
+    S: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr,
+):
+    """The write path of KV head ``i_h`` of token ``i_t`` (the decode kernel's fused write): the
+    same values as ``_write_kv_kernel`` for that head. With the layer norm scope (``S == 1``) the
+    program of head 0 also computes and stores s_t (over every head's rotated key)."""
+    o_d = tl.arange(0, D)
+    loc = tl.load(loc_ptr + i_t).to(tl.int64)
+    page = loc // P
+    slot = loc % P
+    stg = tl.load(p2s_ptr + page).to(tl.int64)
+    if stg >= 0:  # padding slots (page 0, CUDA-graph batches) are never written
+        b_k = tl.load(k_ptr + i_t * stride_kt + i_h * stride_kh + o_d[None, :]).to(tl.float32)
+        b_v = tl.load(v_ptr + i_t * stride_vt + i_h * stride_vh + o_d[None, :]).to(tl.float32)
+        if ROTATE:
+            b_k = fwht_rows(b_k, 1, D, LOG2D) * INV_SQRT_D
+            b_v = fwht_rows(b_v, 1, D, LOG2D) * INV_SQRT_D
+        o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
+        tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k))
+        tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v))
+        if S == 1:
+            if i_h == 0:
+                o_h = tl.arange(0, BLOCK_H)
+                m_h = o_h < H
+                b_ka = tl.load(k_ptr + i_t * stride_kt + o_h[:, None] * stride_kh + o_d[None, :], mask=m_h[:, None], other=0.0)
+                b_ka = b_ka.to(tl.float32)
+                if ROTATE:
+                    b_ka = fwht_rows(b_ka, BLOCK_H, D, LOG2D) * INV_SQRT_D
+                b_s = tl.sqrt_rn(tl.sum(tl.sum(b_ka * b_ka, axis=1), axis=0))
+                tl.store(stg_scale_ptr + (stg * P + slot) * S, tl.where(b_s > 0.0, b_s, 1.0))
+        elif S > 1:
+            b_s = tl.sqrt_rn(tl.sum(b_k * b_k, axis=1))
+            tl.store(stg_scale_ptr + (stg * P + slot) * S + i_h + tl.arange(0, 1), tl.where(b_s > 0.0, b_s, 1.0))
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rotate_q_kernel(
     q_ptr,

@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from oscar_sgl.config import OscarConfig
-from oscar_sgl.kernels import oscar_decode_attention, oscar_seal, oscar_write_kv
+from oscar_sgl.kernels import decode_workspace, oscar_decode_attention, oscar_extend_attention, oscar_seal, oscar_write_kv
 from oscar_sgl.kernels import decode as _dec
 
 HQ, H, D, P = 32, 8, 128, 128
@@ -142,6 +142,10 @@ class OscarSetup:
             self.pages.append(pg.contiguous())
             self.indptr.append(torch.arange(0, (batch + 1) * pages_req, pages_req, dtype=torch.int32, device=DEV))
             self.seq_lens.append(torch.full((batch,), ctx, dtype=torch.int32, device=DEV))
+        # the step's new token of every request: the last slot of its (open) last page
+        self.new_loc = [(pg.view(batch, pages_req)[:, -1].to(torch.int64) * P + (ctx - 1) % P) for pg in self.pages]
+        self.new_k = torch.randn(batch, H, D, device=DEV, generator=g).bfloat16()
+        self.new_v = torch.randn(batch, H, D, device=DEV, generator=g).bfloat16()
         self.q = torch.randn(batch, HQ, D, device=DEV, generator=g).bfloat16()
         self.q_rot = torch.randn(batch, HQ, D, device=DEV, generator=g)
         self.out = torch.empty(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
@@ -158,15 +162,24 @@ class OscarSetup:
         tail = self.batch * H * P * D * 2 * 2
         return sealed * per_page + tail
 
-    def call(self, copy: int, *, num_splits: int, block_n: int, num_warps: int, num_stages: int, ws, maxnreg=None):
+    def call(self, copy: int, *, num_splits: int, block_n: int, num_warps: int, num_stages: int, ws, maxnreg=None,
+             mode: str = "fused"):
+        """One decode launch as the backend runs it (``fused``: query rotation, the new token's write
+        and the merge in the launch), without the write (``nowrite``), or the unfused two-launch
+        path of the first version (``unfused``: queries rotated beforehand, separate merge launch)."""
         pool = self.pool()
+        kw = dict(q=self.q, **pool, kv_indptr=self.indptr[copy], kv_page_indices=self.pages[copy],
+                  seq_lens=self.seq_lens[copy], sm_scale=1 / math.sqrt(D), out=self.out, num_splits=num_splits,
+                  workspace=ws, block_n=block_n, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)  # fmt: skip
+        if mode == "fused":
+            kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=self.new_loc[copy], staging_scale=self.staging_scale)
+        elif mode == "unfused":
+            kw.update(q_rot=self.q_rot, fused_merge=False)
+        elif mode != "nowrite":
+            raise ValueError(mode)
 
         def run():
-            oscar_decode_attention(
-                q=self.q, q_rot=self.q_rot, **pool, kv_indptr=self.indptr[copy], kv_page_indices=self.pages[copy],
-                seq_lens=self.seq_lens[copy], sm_scale=1 / math.sqrt(D), out=self.out, num_splits=num_splits,
-                workspace=ws, block_n=block_n, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
-            )  # fmt: skip
+            oscar_decode_attention(**kw)
 
         return run
 
@@ -232,7 +245,7 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dic
     for bn, nw, ns, waves, mr in variants:
         mr = mr or None
         splits = _dec.pick_num_splits(batch, H, waves=waves)
-        ws = (torch.empty(batch, HQ, splits + 1, D, device=DEV), torch.empty(batch, HQ, splits + 1, device=DEV))
+        ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, ws=ws, maxnreg=mr)
         try:
             st.call(0, **kw)()
@@ -255,10 +268,14 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dic
     ok = [v for v in res["variants"] if "error" not in v and v["agree_rel_rms"] < 2e-3]
     res["best"] = min(ok, key=lambda v: v["us"]) if ok else None
     if res["best"] is not None:
-        # where the time goes: the merge (stage 2) alone, with the best variant's split count
+        # where the time goes: the fused launch without the write (the write's marginal cost), the
+        # unfused path (rotated queries + stage 1 + separate merge launch), the merge launch alone
         b = res["best"]
         splits = b["num_splits"]
-        ws = (torch.zeros(batch, HQ, splits + 1, D, device=DEV), torch.zeros(batch, HQ, splits + 1, device=DEV))
+        ws = decode_workspace(batch, HQ, H, D, splits, DEV)
+        cfg_b = dict(num_splits=splits, block_n=b["block_n"], num_warps=b["num_warps"], num_stages=b["num_stages"], ws=ws, maxnreg=b["maxnreg"])
+        res["nowrite_us"] = time_calls([st.call(c, mode="nowrite", **cfg_b) for c in range(copies)])["us"]
+        res["unfused_us"] = time_calls([st.call(c, mode="unfused", **cfg_b) for c in range(copies)])["us"]
 
         def stage2():
             _dec._decode_stage2_kernel[(batch, HQ)](
@@ -267,14 +284,15 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dic
                 INV_SQRT_D=1 / math.sqrt(D), num_warps=4,
             )  # fmt: skip
 
+        ws[0].zero_()
+        ws[1].zero_()
         res["stage2_us"] = time_calls([stage2])["us"]
         # an all-sealed variant of the same call (no open page): the tail split's cost
         st.p2s.fill_(-1)
         # the same bytes streamed by a kernel that only loads them (same grid, tiles, pipelining):
         # what this access pattern can get out of HBM, against which stage 1's time is judged
         res["stream_only"] = stream_only(st, splits, b["block_n"], b["num_warps"], b["num_stages"], copies)
-        res["all_sealed_us"] = time_calls([st.call(c, num_splits=splits, block_n=b["block_n"], num_warps=b["num_warps"],
-                                                   num_stages=b["num_stages"], ws=ws, maxnreg=b["maxnreg"]) for c in range(copies)])["us"]  # fmt: skip
+        res["all_sealed_us"] = time_calls([st.call(c, mode="nowrite", **cfg_b) for c in range(copies)])["us"]
     del st
     torch.cuda.empty_cache()
     return res
@@ -378,6 +396,50 @@ def bench_write(batch: int) -> dict:
     return time_calls([run] * 20)
 
 
+EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128)]  # (batch, cached prefix, new tokens)
+
+
+def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
+    """Prefix-cache hit: ``new`` tokens per request attend to a sealed ``prefix`` (every page packed)
+    and causally to themselves (BF16), against SGLang's Triton extend kernel over BF16 KV of the same
+    prefix (token-level indices, as its Triton backend passes them)."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    st = OscarSetup(bits, batch, prefix, 1, seed=3)
+    st.p2s.fill_(-1)  # the whole prefix is sealed
+    g = torch.Generator(device=DEV).manual_seed(4)
+    t = batch * new
+    q = torch.randn(t, HQ, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
+    v = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
+    qo = torch.arange(0, t + 1, new, dtype=torch.int32, device=DEV)
+    pre = torch.full((batch,), prefix, dtype=torch.int32, device=DEV)
+    out = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
+
+    def oscar():
+        oscar_extend_attention(q=q, k=k, v=v, qo_indptr=qo, **st.pool(), kv_indptr=st.indptr[0],
+                               kv_page_indices=st.pages[0], prefix_lens=pre, sm_scale=1 / math.sqrt(D),
+                               max_new_tokens=new, out=out)  # fmt: skip
+
+    res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "oscar": time_calls([oscar])}
+    kb = torch.randn(batch * prefix + 1, H, D, device=DEV, generator=g).bfloat16()
+    vb = torch.randn(batch * prefix + 1, H, D, device=DEV, generator=g).bfloat16()
+    kv_indptr = torch.arange(0, batch * prefix + 1, prefix, dtype=torch.int32, device=DEV)
+    kv_indices = torch.arange(1, batch * prefix + 1, dtype=torch.int64, device=DEV)
+    o_sg = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
+
+    def sglang():
+        extend_attention_fwd(q, k, v, o_sg, kb, vb, qo, kv_indptr, kv_indices, None, True, None, new, 1.0, 1.0,
+                             sm_scale=1 / math.sqrt(D))  # fmt: skip
+
+    try:
+        res["sglang"] = time_calls([sglang])
+        res["vs_sglang"] = res["sglang"]["us"] / res["oscar"]["us"]
+    except Exception:  # noqa: BLE001
+        res["sglang"] = {"error": traceback.format_exc()[-1500:]}
+    return res
+
+
 def bench_seal(bits: int, n_pages: int = 1024) -> dict:
     stg_k = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_v = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
@@ -414,7 +476,7 @@ def summarize(res: dict) -> list[dict]:
         b, ctx = sh["batch"], sh["ctx"]
         sd = sh.get("sdpa", {}).get("us")
         sg = sh.get("sglang", {}).get("us")
-        wr = res["write"].get(str(b), {}).get("us")
+        wr_sep = res["write"].get(str(b), {}).get("us")
         for bits in (2, 4):
             o = sh.get(f"int{bits}", {})
             best = o.get("best")
@@ -425,8 +487,12 @@ def summarize(res: dict) -> list[dict]:
                    "stream_only_us": (o.get("stream_only") or {}).get("us"), "stream_only_TBps": (o.get("stream_only") or {}).get("TBps"),
                    "sdpa_us": sd, "sglang_us": sg, "vs_sdpa": sd / best["us"] if sd else None,
                    "vs_sglang": sg / best["us"] if sg else None, "stage2_us": o.get("stage2_us"),
-                   "all_sealed_us": o.get("all_sealed_us"), "write_us": wr,
-                   "write_share": wr / (wr + best["us"]) if wr else None}  # fmt: skip
+                   "all_sealed_us": o.get("all_sealed_us"), "nowrite_us": o.get("nowrite_us"), "unfused_us": o.get("unfused_us"),
+                   "write_separate_launch_us": wr_sep}  # fmt: skip
+            # the write runs inside the decode launch: its cost is the launch's time over the same
+            # launch without it (clamped at 0: the difference can sit inside the timing noise)
+            row["write_us"] = max(0.0, best["us"] - o["nowrite_us"]) if o.get("nowrite_us") else None
+            row["write_share"] = row["write_us"] / best["us"] if row["write_us"] is not None else None
             if bits == 2:
                 t_sd = TARGETS["sdpa"].get((b, ctx))
                 row["target_vs_sdpa"] = t_sd
@@ -475,22 +541,33 @@ def markdown(res: dict, rows: list[dict]) -> str:
         f"HBM copy bandwidth measured {res['hbm_copy_TBps']:.2f} TB/s (read + write).",
         "",
         "Times are medians of CUDA-graph replays (`triton.testing.do_bench`, quantiles 0.5/0.2/0.8), "
-        "each replay streaming >= 4x L2 of distinct KV copies. OScaR = stage 1 + stage 2 (queries rotated "
-        "by the write launch); the write launch is listed apart.",
+        "each replay streaming >= 4x L2 of distinct KV copies. OScaR = the one decode launch the backend runs "
+        "(query rotation, the new token's K/V write + s_t, split-KV attention and the merge); 'write' is its time "
+        "minus the same launch without the write; 'unfused' is the first version's path (queries rotated by a "
+        "separate launch, stage 1, separate merge launch 'stage 2').",
         "",
-        "| B | ctx | bits | OScaR us | TB/s | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | ctx | bits | OScaR us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for r in rows:
         c = r["config"]
         lines.append(
             f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['oscar_us']:.1f} | {r['oscar_TBps']:.2f} | "
-            f"{r['stage2_us'] or nan:.1f} | {r['stream_only_TBps'] or nan:.2f} | "
+            f"{r['unfused_us'] or nan:.1f} | {r['stage2_us'] or nan:.1f} | {r['stream_only_TBps'] or nan:.2f} | "
             f"{r['sdpa_us'] or nan:.1f} | {r['vs_sdpa'] or nan:.2f} | {r['sglang_us'] or nan:.1f} | "
-            f"{r['vs_sglang'] or nan:.2f} | {r['write_us'] or nan:.2f} | {(r['write_share'] or nan) * 100:.1f}% | "
+            f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
             f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'} |"
         )
+    ext = [e for e in res.get("extend", []) if "oscar" in e]
+    if ext:
+        lines += ["", "Extend (prefix-cache hit: new tokens over a sealed prefix + themselves, causal) vs SGLang's "
+                  "Triton extend kernel on BF16 KV:", "", "| bits | B | prefix | new | OScaR us | SGLang us | x SGLang |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in ext:
+            sg = e.get("sglang", {}).get("us")
+            lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {e['oscar']['us']:.1f} | "
+                         f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} |")
     lines += ["", "Seal: " + ", ".join(f"INT{b}: {s['TBps']:.2f} TB/s ({s['us_per_page']:.2f} us/page of 8 heads)" for b, s in res["seal"].items())]
     return "\n".join(lines) + "\n"
 
@@ -521,7 +598,7 @@ def main() -> None:
     else:
         # (block_n, warps, stages, waves, maxnreg); the first is the default configuration
         variants = [(64, 2, 3, 4, 0), (64, 2, 3, 2, 0), (64, 2, 3, 8, 0), (32, 2, 3, 4, 0),
-                    (64, 4, 3, 4, 0), (32, 4, 3, 4, 0), (64, 2, 3, 4, 168), (32, 4, 3, 4, 128)]  # fmt: skip
+                    (32, 1, 3, 4, 0), (32, 1, 3, 8, 0), (32, 1, 4, 8, 0), (64, 2, 3, 4, 168)]  # fmt: skip
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     budget = 24e9  # bytes of KV copies per measured callable
     for b, ctx in shapes:
@@ -554,6 +631,17 @@ def main() -> None:
     for bits in (2, 4):
         res["seal"][str(bits)] = bench_seal(bits)
         log(f"seal INT{bits}: {res['seal'][str(bits)]['TBps']:.2f} TB/s, {res['seal'][str(bits)]['us_per_page']:.3f} us/page")
+    res["extend"] = []
+    for bits in (2, 4):
+        for b, pre, new in EXTEND_SHAPES:
+            try:
+                e = bench_extend(bits, b, pre, new)
+                log(f"extend INT{bits} B={b} prefix={pre} new={new}: OScaR {e['oscar']['us']:.1f} us, "
+                    f"SGLang BF16 {e.get('sglang', {}).get('us', float('nan')):.1f} us")
+            except Exception:  # noqa: BLE001
+                e = {"batch": b, "prefix": pre, "new": new, "bits": bits, "error": traceback.format_exc()[-1500:]}
+                log(e["error"])
+            res["extend"].append(e)
     rows = summarize(res)
     res["summary"] = rows
     json.dump(res, open(os.path.join(args.out, "kernels.json"), "w"), indent=1)

@@ -9,12 +9,13 @@
 Importing this package needs ``triton``; ``import oscar_sgl`` does not.
 """
 
-from .decode import oscar_decode_attention, pick_num_splits
+from .decode import decode_workspace, oscar_decode_attention, pick_num_splits
 from .extend import oscar_extend_attention
 from .seal import oscar_seal
 from .write import oscar_rotate_q, oscar_write_kv
 
 __all__ = [
+    "decode_workspace",
     "oscar_decode_attention",
     "oscar_extend_attention",
     "oscar_rotate_q",

@@ -167,7 +167,12 @@ def _make_backend_class() -> type:
             li = layer.layer_id - pool.start_layer
             hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
             pool.oscar_begin_step()
-            if save_kv_cache and k is not None and v is not None:
+            fused = decode and save_kv_cache and k is not None and v is not None
+            if fused:
+                # Decode: the write path runs inside the attention launch (one launch per layer);
+                # the step's seal plan (pages this write fills included) runs after it.
+                li, loc, k_new, v_new = pool.oscar_prepare_write(layer, fb.out_cache_loc, k, v)
+            elif save_kv_cache and k is not None and v is not None:
                 pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)  # write launch + seal launch
             meta = self._kernel_meta(fb, pre, seq, decode)
             q_ = q.reshape(-1, hq, d).contiguous()
@@ -178,7 +183,13 @@ def _make_backend_class() -> type:
                 kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"], bits=cfg.bits,
                 k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
             )
-            if decode:
+            if fused:
+                out = K.oscar_decode_attention(
+                    q=q_, seq_lens=meta["seq_lens"], new_k=k_new, new_v=v_new, new_loc=loc,
+                    staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None, **common,
+                )
+                pool.oscar_seal_after_fused_write(li)
+            elif decode:
                 out = K.oscar_decode_attention(q=q_, seq_lens=meta["seq_lens"], **common)
             else:
                 out = K.oscar_extend_attention(

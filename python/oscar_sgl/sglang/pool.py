@@ -264,6 +264,27 @@ def _make_pool_class() -> type:
             """Write a step's K/V of one layer into the staging pages the runtime mapped, then seal the
             pages of the step's seal plan (they are full now) into the packed arrays. Their staging
             pages stay mapped until the next step, so this step's attention still reads them exactly."""
+            li, loc, k, v = self.oscar_prepare_write(layer, loc_info, cache_k, cache_v, layer_id_override, dcp_kv_mask)
+            if self.use_kernels:
+                self._write_and_seal_kernels(li, loc, k, v)
+            else:
+                p = self.page_size
+                if loc.numel():
+                    slot = self.page_map[loc // p].to(torch.int64)
+                    # Padding writes (page 0) go to the sink staging page, never read.
+                    slot = torch.where(slot < 0, self.num_staging, slot)
+                    off = loc % p
+                    self.stage_k[li][slot, :, off, :] = k.to(self.dtype)
+                    self.stage_v[li][slot, :, off, :] = v.to(self.dtype)
+                for page, s in self._seal_host:
+                    self._seal(li, page, self.stage_k[li][s], self.stage_v[li][s])
+            self._end_layer(li)
+
+        def oscar_prepare_write(self, layer: Any, loc_info: Any, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                                layer_id_override: Any = None, dcp_kv_mask: Any = None
+                                ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+            """The checks and views shared by every write: ``(layer index, int64 slots, k [T, H, D], v)``.
+            Starts the step's page bookkeeping on the first layer."""
             from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
 
             if dcp_kv_mask is not None:
@@ -284,18 +305,15 @@ def _make_pool_class() -> type:
                         f"OScaR: write into page {page}, which the runtime does not hold open "
                         f"(state {self.oscar_runtime.page_info(page).state}); a sealed page is never written again"
                     )
-            if self.use_kernels:
-                self._write_and_seal_kernels(li, loc, k, v)
-            else:
-                if loc.numel():
-                    slot = self.page_map[loc // p].to(torch.int64)
-                    # Padding writes (page 0) go to the sink staging page, never read.
-                    slot = torch.where(slot < 0, self.num_staging, slot)
-                    off = loc % p
-                    self.stage_k[li][slot, :, off, :] = k.to(self.dtype)
-                    self.stage_v[li][slot, :, off, :] = v.to(self.dtype)
-                for page, s in self._seal_host:
-                    self._seal(li, page, self.stage_k[li][s], self.stage_v[li][s])
+            return li, loc, k, v
+
+        def oscar_seal_after_fused_write(self, li: int) -> None:
+            """After a decode launch that wrote the step's tokens itself (the fused write): seal the
+            step's plan and close the layer, as ``set_kv_buffer`` does after its own write."""
+            self._seal_kernels(li)
+            self._end_layer(li)
+
+        def _end_layer(self, li: int) -> None:
             if li == self.layer_num - 1:
                 self._step_begun = False
 
@@ -310,6 +328,13 @@ def _make_pool_class() -> type:
                                  staging_k=self.stage_k[li], staging_v=self.stage_v[li],
                                  staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
                                  rotation=cfg.rotation)
+            self._seal_kernels(li)
+
+        def _seal_kernels(self, li: int) -> None:
+            """One seal launch for every page of the step's plan (kernel path)."""
+            from .. import kernels as K
+
+            cfg = self.oscar_config
             if self._seal_plan is not None:
                 K.oscar_seal(plan=self._seal_plan, staging_k=self.stage_k[li], staging_v=self.stage_v[li],
                              staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
