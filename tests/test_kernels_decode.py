@@ -146,7 +146,8 @@ def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
         loc = torch.tensor([last[0] * p + 39 % p, last[1] * p + 95 % p, 0 * p + 5], device=DEVICE)
         out = torch.full(q.shape, float("nan"), device=DEVICE)
         if fused:
-            _decode(pool, q, out=out, new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale, num_splits=2)
+            _decode(pool, q, out=out, new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale, num_splits=2,
+                    fused_merge=True)
         else:
             q_rot = oscar_write_kv(k=k_new, v=v_new, loc=loc, page_to_staging=pool.page_to_staging,
                                    staging_k=pool.staging_k, staging_v=pool.staging_v,
@@ -170,7 +171,8 @@ def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(na
     ws = decode_workspace(3, 6, 2, 64, 5, DEVICE)
     ref = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=5, fused_merge=False)
     for _ in range(2):
-        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), num_splits=5, workspace=ws)
+        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), num_splits=5, workspace=ws,
+                      fused_merge=True)
         assert int(ws[2].abs().sum()) == 0
         assert rel_rms(out, ref) < 1e-6
 
@@ -189,7 +191,7 @@ def test_decode_cuda_graph_shape_does_not_depend_on_lengths(nan_empty):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("block_n,num_warps", [(32, 4), (64, 4), (64, 2)])
+@pytest.mark.parametrize("block_n,num_warps", [(32, 4), (64, 4), (64, 2), (32, 1), (None, None)])
 def test_decode_gpu_real_sizes(bits, block_n, num_warps, nan_empty):
     """Llama-3.1-8B attention shape on CUDA with the inline-PTX dequantization."""
     p, h, g, d = 128, 8, 4, 128
@@ -237,7 +239,8 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
     pool.seq_lens = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device="cuda")
     out_s = torch.empty(q_s.shape, device="cuda")
     ws = decode_workspace(3, h * g, h, d, 7, "cuda")
-    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, num_splits=7, workspace=ws)
+    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, num_splits=7, workspace=ws,
+              fused_merge=True)
     _decode(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

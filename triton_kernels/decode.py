@@ -255,6 +255,16 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     return max(1, min(max_splits, -(-want // max(1, batch * num_kv_heads))))
 
 
+def default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> dict:
+    """Stage-1 configuration by launch size, from the H200 sweep (benches/results/kernels.md):
+    one warp per program on 32-token tiles with ~8 waves of programs once the batch gives enough
+    (request, KV head) pairs (no cross-warp reductions or barriers; 9-18 % faster at B >= 8), two
+    warps on 64-token tiles with ~4 waves for small batches (B = 1: one long sequence per head)."""
+    if batch * num_kv_heads >= 32 and head_dim <= 128 and page_size % 32 == 0:
+        return {"block_n": 32, "num_warps": 1, "waves": 8.0}
+    return {"block_n": min(page_size, 64), "num_warps": 2, "waves": 4.0}
+
+
 def _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group):
     npages, h, p, nbytes = k_codes.shape
     d = nbytes * 8 // bits
@@ -324,9 +334,9 @@ def oscar_decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     workspace: tuple[torch.Tensor, ...] | None = None,
-    fused_merge: bool = True,
+    fused_merge: bool | None = None,
     block_n: int | None = None,
-    num_warps: int = 2,
+    num_warps: int | None = None,
     num_stages: int = 3,
     maxnreg: int | None = None,
 ) -> torch.Tensor:
@@ -334,8 +344,8 @@ def oscar_decode_attention(
 
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
-    with ``fused_merge`` (the default) the last program of each (request, KV head) merges the
-    splits: one launch per layer and step.
+    with ``fused_merge`` the last program of each (request, KV head) merges the splits: one launch
+    per layer and step.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
@@ -359,9 +369,12 @@ def oscar_decode_attention(
         num_splits: sealed-page splits per (request, KV head); ``pick_num_splits`` when None.
         workspace: ``decode_workspace(...)`` to reuse across calls (CUDA graphs); allocated when None.
         fused_merge: merge the splits in the last program of each (request, KV head) (one launch);
-            False runs the separate merge launch.
+            False runs the separate merge launch. None: fused when it takes at most two block loads
+            per row (few splits, i.e. batches of 16+ requests at 8 KV heads); with many splits
+            (small batches) the separate, wider merge launch is faster on an H200.
         block_n, num_warps, num_stages, maxnreg: stage-1 tuning (tokens per step, warps, software
-            pipeline depth, register cap); the defaults are the fastest measured on an H200.
+            pipeline depth, register cap). None picks what measured fastest on an H200
+            (``default_tuning``).
     Returns:
         ``out``, the attention output in the model's basis.
     """
@@ -395,8 +408,11 @@ def oscar_decode_attention(
                              f"(None exactly when the pool has no token scales)")
     if q_rot is not None and (q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous()):
         raise ValueError(f"q_rot must be contiguous fp32 {tuple(q.shape)}")
+    tune = default_tuning(b, h, d, p)
+    block_n = tune["block_n"] if block_n is None else block_n
+    num_warps = tune["num_warps"] if num_warps is None else num_warps
     if num_splits is None:
-        num_splits = pick_num_splits(b, h)
+        num_splits = pick_num_splits(b, h, waves=tune["waves"])
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:
@@ -414,12 +430,12 @@ def oscar_decode_attention(
         return out
     block_h = max(16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
-    if block_n is None:
-        block_n = min(p, 64)
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     if p % block_n or block_n % 16 or (block_n % k_group and k_group % block_n):
         raise ValueError(f"block_n={block_n} must divide the page size {p} and nest with k_group={k_group}")
     chunk = max(1, min(64, 4096 // (block_g * d), triton.next_power_of_2(num_splits + 1)))
+    if fused_merge is None:
+        fused_merge = num_splits + 1 <= 2 * chunk
     _decode_stage1_kernel[(b, h, num_splits + 1)](
         q_rot if q_rot is not None else q_scratch,
         k_codes.view(torch.int32),
