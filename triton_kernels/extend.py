@@ -1,6 +1,8 @@
 """Extend (prefill) attention with a cached prefix: new tokens over the sealed prefix + themselves.
 
-Grid ``(B, Hq, cdiv(max_new, BLOCK_M))``: a program takes ``BLOCK_M`` new queries of one head.
+Grid ``(B, H, cdiv(max_new, BLOCK_M / GP))``: a program takes the GQA query heads of KV head h
+(``GP`` = GROUP rounded up to a power of two) for ``BLOCK_M / GP`` consecutive new tokens, so one
+dequantized prefix tile serves ``BLOCK_M`` query rows (row r: token r // GP, head r % GP).
 The prefix (``prefix_lens[b]`` tokens on the request's first pages) is read as the decode kernel
 reads it, in the rotated basis: sealed pages packed (keys folded into the query, values
 dequantized in registers, logits times s_t), an open page BF16 from staging. The new tokens are
@@ -61,6 +63,7 @@ def _extend_kernel(
     G_V: tl.constexpr,
     S: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    GP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROTATE: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
@@ -68,10 +71,10 @@ def _extend_kernel(
     USE_ASM: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
-    i_hq = tl.program_id(1).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
     i_m = tl.program_id(2)
-    i_h = i_hq // GROUP
     HQ: tl.constexpr = H * GROUP
+    ROWS_T: tl.constexpr = BLOCK_M // GP
     if S > 1:
         s_col = i_h
     else:
@@ -79,11 +82,14 @@ def _extend_kernel(
 
     q_start = tl.load(qo_indptr_ptr + i_b).to(tl.int64)
     n_new = (tl.load(qo_indptr_ptr + i_b + 1) - q_start).to(tl.int32)
-    if i_m * BLOCK_M < n_new:
+    if i_m * ROWS_T < n_new:
         prefix = tl.load(prefix_lens_ptr + i_b)
         kv_start = tl.load(kv_indptr_ptr + i_b).to(tl.int64)
-        o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_m = o_m < n_new
+        o_r = tl.arange(0, BLOCK_M)
+        o_m = i_m * ROWS_T + o_r // GP  # the row's new token (index inside the request)
+        o_g = o_r % GP
+        m_m = (o_m < n_new) & (o_g < GROUP)
+        o_hq = i_h * GROUP + o_g  # the row's query head
         o_d = tl.arange(0, D)
         rows = q_start + o_m
 
@@ -93,7 +99,7 @@ def _extend_kernel(
         acc_n = tl.zeros([BLOCK_M, D], tl.float32)  # new tokens, model basis
 
         if prefix > 0:
-            o_qr = (rows * HQ + i_hq)[:, None] * D
+            o_qr = (rows * HQ + o_hq)[:, None] * D
             b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
             for pi in range(0, tl.cdiv(prefix, P)):
@@ -115,7 +121,7 @@ def _extend_kernel(
                         )  # fmt: skip
 
         # New tokens, causal: query o_m sees keys 0..o_m of this step.
-        b_q = tl.load(q_ptr + rows[:, None] * stride_qt + i_hq * stride_qh + o_d[None, :], mask=m_m[:, None], other=0.0)
+        b_q = tl.load(q_ptr + rows[:, None] * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_m[:, None], other=0.0)
         if INTERPRET:
             if k_ptr.dtype.element_ty == tl.bfloat16:
                 b_q = to_bf16_rne(b_q.to(tl.float32))
@@ -123,7 +129,7 @@ def _extend_kernel(
                 b_q = b_q.to(k_ptr.dtype.element_ty)
         else:
             b_q = b_q.to(k_ptr.dtype.element_ty)
-        hi = tl.minimum(n_new, (i_m + 1) * BLOCK_M)
+        hi = tl.minimum(n_new, (i_m + 1) * ROWS_T)
         for n0 in range(0, hi, BLOCK_N):
             o_n = n0 + tl.arange(0, BLOCK_N)
             m_n = o_n < n_new
@@ -154,7 +160,7 @@ def _extend_kernel(
         if ROTATE:
             acc_r = fwht_rows(acc_r, BLOCK_M, D, LOG2D) * INV_SQRT_D
         b_o = (acc_r + acc_n) / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        p_o = o_ptr + rows[:, None] * stride_ot + i_hq * stride_oh + o_d[None, :]
+        p_o = o_ptr + rows[:, None] * stride_ot + o_hq[:, None] * stride_oh + o_d[None, :]
         tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=m_m[:, None])
 
 
@@ -183,6 +189,8 @@ def oscar_extend_attention(
     q_rot: torch.Tensor | None = None,
     max_new_tokens: int | None = None,
     out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Attention of a step's new tokens over their cached prefix plus themselves (causal).
 
@@ -200,6 +208,9 @@ def oscar_extend_attention(
         max_new_tokens: the largest new-token count of a request; read from ``qo_indptr`` (a host
             synchronization) when None.
         out: ``[T, Hq, D]`` destination, dtype of q when allocated here.
+        block_m, num_warps: query rows per program (a multiple of the GQA group rounded up to a
+            power of two; rows are (token, head) pairs of one KV head) and warps; None: the fastest
+            measured on an H200.
     """
     npages, h, p, d, s_cols = _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group)
     if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h or q.stride(2) != 1:
@@ -226,8 +237,14 @@ def oscar_extend_attention(
         max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max().item()) if b else 0
     if t == 0 or b == 0 or max_new_tokens == 0:
         return out
-    block_m = 32 if d <= 128 else 16
-    _extend_kernel[(b, hq, triton.cdiv(max_new_tokens, block_m))](
+    gp = triton.next_power_of_2(hq // h)
+    if block_m is None:
+        block_m = max(gp, 64 if d <= 128 else 32)
+    if num_warps is None:
+        num_warps = 4 if d <= 128 else 8
+    if block_m % gp or block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m={block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
+    _extend_kernel[(b, h, triton.cdiv(max_new_tokens, block_m // gp))](
         q,
         q_rot,
         k,
@@ -264,11 +281,12 @@ def oscar_extend_attention(
         G_V=v_group,
         S=s_cols,
         BLOCK_M=block_m,
+        GP=gp,
         BLOCK_N=32,
         ROTATE=rotation,
         INV_SQRT_D=1.0 / math.sqrt(d),
         INTERPRET=interpreting(),
         USE_ASM=use_asm(q.device),
-        num_warps=4 if d <= 128 else 8,
+        num_warps=num_warps,
     )
     return out

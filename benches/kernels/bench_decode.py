@@ -402,6 +402,7 @@ def bench_write(batch: int) -> dict:
 
 
 EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128)]  # (batch, cached prefix, new tokens)
+EXTEND_VARIANTS = [(0, 0), (128, 8), (128, 4), (64, 8), (32, 4)]  # (block_m, num_warps); (0, 0) = default
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
@@ -421,12 +422,23 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     pre = torch.full((batch,), prefix, dtype=torch.int32, device=DEV)
     out = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
 
-    def oscar():
+    def oscar(**kw):
         oscar_extend_attention(q=q, k=k, v=v, qo_indptr=qo, **st.pool(), kv_indptr=st.indptr[0],
                                kv_page_indices=st.pages[0], prefix_lens=pre, sm_scale=1 / math.sqrt(D),
-                               max_new_tokens=new, out=out)  # fmt: skip
+                               max_new_tokens=new, out=out, **kw)  # fmt: skip
 
-    res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "oscar": time_calls([oscar])}
+    res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
+    for bm, nw in EXTEND_VARIANTS:  # (0, 0): the launcher's default
+        kw = {} if bm == 0 else {"block_m": bm, "num_warps": nw}
+        try:
+            tv = time_calls([lambda kw=kw: oscar(**kw)])
+        except Exception as e:  # noqa: BLE001
+            res["variants"].append({"block_m": bm, "num_warps": nw, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            continue
+        res["variants"].append({"block_m": bm, "num_warps": nw, **tv})
+    ok = [v for v in res["variants"] if "us" in v]
+    res["oscar"] = min(ok, key=lambda v: v["us"])
+    res["oscar_default_us"] = ok[0]["us"] if ok and ok[0]["block_m"] == 0 else None
     kb = torch.randn(batch * prefix + 1, H, D, device=DEV, generator=g).bfloat16()
     vb = torch.randn(batch * prefix + 1, H, D, device=DEV, generator=g).bfloat16()
     kv_indptr = torch.arange(0, batch * prefix + 1, prefix, dtype=torch.int32, device=DEV)
@@ -569,11 +581,13 @@ def markdown(res: dict, rows: list[dict]) -> str:
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
         lines += ["", "Extend (prefix-cache hit: new tokens over a sealed prefix + themselves, causal) vs SGLang's "
-                  "Triton extend kernel on BF16 KV:", "", "| bits | B | prefix | new | OScaR us | SGLang us | x SGLang |",
-                  "|---|---|---|---|---|---|---|"]
+                  "Triton extend kernel on BF16 KV:", "", "| bits | B | prefix | new | OScaR us (best) | default us | best (block_m, warps) | SGLang us | x SGLang |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for e in ext:
             sg = e.get("sglang", {}).get("us")
+            dflt = e.get("oscar_default_us")
             lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {e['oscar']['us']:.1f} | "
+                         f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}) | "
                          f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} |")
     lines += ["", "Seal: " + ", ".join(f"INT{b}: {s['TBps']:.2f} TB/s ({s['us_per_page']:.2f} us/page of 8 heads)" for b, s in res["seal"].items())]
     return "\n".join(lines) + "\n"
