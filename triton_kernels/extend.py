@@ -238,10 +238,10 @@ def oscar_extend_attention(
     if t == 0 or b == 0 or max_new_tokens == 0:
         return out
     gp = triton.next_power_of_2(hq // h)
-    if block_m is None:
-        block_m = max(gp, 64 if d <= 128 else 32)
+    if block_m is None:  # H200 sweep (benches/results/kernels.md): 128 rows on 8 warps, 5-9 % over 64 on 4
+        block_m = max(gp, 128 if d <= 128 else 32)
     if num_warps is None:
-        num_warps = 4 if d <= 128 else 8
+        num_warps = 8
     if block_m % gp or block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m={block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
     _extend_kernel[(b, h, triton.cdiv(max_new_tokens, block_m // gp))](

@@ -402,7 +402,7 @@ def bench_write(batch: int) -> dict:
 
 
 EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128)]  # (batch, cached prefix, new tokens)
-EXTEND_VARIANTS = [(0, 0), (128, 8), (128, 4), (64, 8), (32, 4)]  # (block_m, num_warps); (0, 0) = default
+EXTEND_VARIANTS = [(0, 0), (64, 4), (128, 4), (64, 8)]  # (block_m, num_warps); (0, 0) = default
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
@@ -618,8 +618,8 @@ def main() -> None:
         variants = [(0, 0, 3, 0, 0), (64, 2, 3, 4, 0)]
     else:
         # (block_n, warps, stages, waves, maxnreg); block_n 0 = the launcher's default_tuning
-        variants = [(0, 0, 3, 0, 0), (64, 2, 3, 4, 0), (64, 2, 3, 8, 0), (32, 1, 3, 4, 0), (32, 1, 3, 8, 0),
-                    (32, 1, 3, 16, 0)]  # fmt: skip
+        variants = [(0, 0, 3, 0, 0), (64, 2, 3, 4, 0), (32, 1, 3, 4, 0), (32, 1, 3, 8, 0), (32, 1, 3, 16, 0),
+                    (32, 1, 3, 24, 0)]  # fmt: skip
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     budget = 24e9  # bytes of KV copies per measured callable
     for b, ctx in shapes:
