@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .common import channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, to_bf16_rne, use_asm
-from .write import write_token
+from .write import load_rotated, write_token
 
 
 @triton.jit
@@ -134,10 +134,7 @@ def _decode_stage1_kernel(
         # The query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV head
         # h (identical values, so the concurrent stores of the splits agree) and re-reads them below
         # in the order the sealed tiles want.
-        b_qr = tl.load(q_ptr + i_b * stride_qb + (i_h * GROUP + o_g)[:, None] * stride_qh + tl.arange(0, D)[None, :],
-                       mask=m_g[:, None], other=0.0).to(tl.float32)
-        if ROTATE:
-            b_qr = fwht_rows(b_qr, BLOCK_G, D, LOG2D) * INV_SQRT_D
+        b_qr = load_rotated(q_ptr, i_b, stride_qb, stride_qh, i_h * GROUP + o_g, m_g, BLOCK_G, D, LOG2D, ROTATE, INV_SQRT_D)
         tl.store(qrot_ptr + (i_b * (H * GROUP) + i_h * GROUP + o_g)[:, None] * D + tl.arange(0, D)[None, :], b_qr,
                  mask=m_g[:, None])
     if WRITE:

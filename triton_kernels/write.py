@@ -19,6 +19,29 @@ import triton.language as tl
 from .common import fwht_rows, log2_exact, to_bf16_rne
 
 
+@triton.jit
+def load_rotated(ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+                 ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr):
+    """Rows ``o_h`` (heads) of token ``i_t`` as fp32 ``[ROWS, D]``, Walsh-Hadamard rotated when ROTATE."""
+    x = tl.load(ptr + i_t * stride_t + o_h[:, None] * stride_h + tl.arange(0, D)[None, :], mask=m_h[:, None], other=0.0)
+    x = x.to(tl.float32)
+    if ROTATE:
+        x = fwht_rows(x, ROWS, D, LOG2D) * INV_SQRT_D
+    return x
+
+
+@triton.jit
+def store_token_scales(b_k, p_scale, o_h, m_h, S: tl.constexpr):
+    """s_t of the rotated keys ``b_k`` ``[rows, D]`` of one token: the norm over every row (S == 1)
+    or per row (S > 1, stored at ``p_scale + o_h``); a zero norm is stored as 1."""
+    if S == 1:
+        b_s = tl.sqrt_rn(tl.sum(tl.sum(b_k * b_k, axis=1), axis=0))
+        tl.store(p_scale, tl.where(b_s > 0.0, b_s, 1.0))
+    elif S > 1:
+        b_s = tl.sqrt_rn(tl.sum(b_k * b_k, axis=1))
+        tl.store(p_scale + o_h, tl.where(b_s > 0.0, b_s, 1.0), mask=m_h)
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _write_kv_kernel(
     k_ptr,
@@ -60,31 +83,16 @@ def _write_kv_kernel(
     stg = tl.load(p2s_ptr + page).to(tl.int64)
     # A token of a sealed page (or the padding slot of a CUDA-graph batch) is never written.
     if stg >= 0:
-        p_k = k_ptr + i_t * stride_kt + o_h[:, None] * stride_kh + o_d[None, :]
-        p_v = v_ptr + i_t * stride_vt + o_h[:, None] * stride_vh + o_d[None, :]
-        b_k = tl.load(p_k, mask=m_h[:, None], other=0.0).to(tl.float32)
-        b_v = tl.load(p_v, mask=m_h[:, None], other=0.0).to(tl.float32)
-        if ROTATE:
-            b_k = fwht_rows(b_k, BLOCK_H, D, LOG2D) * INV_SQRT_D
-            b_v = fwht_rows(b_v, BLOCK_H, D, LOG2D) * INV_SQRT_D
+        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
         o_stg = ((stg * H + o_h[:, None]) * P + slot) * D + o_d[None, :]
         tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k), mask=m_h[:, None])
         tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v), mask=m_h[:, None])
-        if S == 1:
-            b_s = tl.sqrt_rn(tl.sum(tl.sum(b_k * b_k, axis=1), axis=0))
-            b_s = tl.where(b_s > 0.0, b_s, 1.0)
-            tl.store(stg_scale_ptr + (stg * P + slot) * S, b_s)
-        elif S > 1:
-            b_s = tl.sqrt_rn(tl.sum(b_k * b_k, axis=1))
-            b_s = tl.where(b_s > 0.0, b_s, 1.0)
-            tl.store(stg_scale_ptr + (stg * P + slot) * S + o_h, b_s, mask=m_h)
+        store_token_scales(b_k, stg_scale_ptr + (stg * P + slot) * S, o_h, m_h, S)
     if HAS_Q:
         o_hq = tl.arange(0, BLOCK_HQ)
         m_hq = o_hq < HQ
-        b_q = tl.load(q_ptr + i_t * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_hq[:, None], other=0.0)
-        b_q = b_q.to(tl.float32)
-        if ROTATE:
-            b_q = fwht_rows(b_q, BLOCK_HQ, D, LOG2D) * INV_SQRT_D
+        b_q = load_rotated(q_ptr, i_t, stride_qt, stride_qh, o_hq, m_hq, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
         tl.store(q_out_ptr + (i_t * HQ + o_hq[:, None]) * D + o_d[None, :], b_q, mask=m_hq[:, None])
 
 
@@ -104,28 +112,22 @@ def write_token(
     slot = loc % P
     stg = tl.load(p2s_ptr + page).to(tl.int64)
     if stg >= 0:  # padding slots (page 0, CUDA-graph batches) are never written
-        b_k = tl.load(k_ptr + i_t * stride_kt + i_h * stride_kh + o_d[None, :]).to(tl.float32)
-        b_v = tl.load(v_ptr + i_t * stride_vt + i_h * stride_vh + o_d[None, :]).to(tl.float32)
-        if ROTATE:
-            b_k = fwht_rows(b_k, 1, D, LOG2D) * INV_SQRT_D
-            b_v = fwht_rows(b_v, 1, D, LOG2D) * INV_SQRT_D
+        o_1 = i_h + tl.arange(0, 1)
+        m_1 = o_1 >= 0
+        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
+        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
         o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
         tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k))
         tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v))
+        p_scale = stg_scale_ptr + (stg * P + slot) * S
         if S == 1:
-            if i_h == 0:
+            if i_h == 0:  # the layer norm needs every head's rotated key
                 o_h = tl.arange(0, BLOCK_H)
                 m_h = o_h < H
-                b_ka = tl.load(k_ptr + i_t * stride_kt + o_h[:, None] * stride_kh + o_d[None, :], mask=m_h[:, None], other=0.0)
-                b_ka = b_ka.to(tl.float32)
-                if ROTATE:
-                    b_ka = fwht_rows(b_ka, BLOCK_H, D, LOG2D) * INV_SQRT_D
-                b_s = tl.sqrt_rn(tl.sum(tl.sum(b_ka * b_ka, axis=1), axis=0))
-                tl.store(stg_scale_ptr + (stg * P + slot) * S, tl.where(b_s > 0.0, b_s, 1.0))
-        elif S > 1:
-            b_s = tl.sqrt_rn(tl.sum(b_k * b_k, axis=1))
-            tl.store(stg_scale_ptr + (stg * P + slot) * S + i_h + tl.arange(0, 1), tl.where(b_s > 0.0, b_s, 1.0))
-
+                b_ka = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+                store_token_scales(b_ka, p_scale, o_h, m_h, S)
+        else:
+            store_token_scales(b_k, p_scale, o_1, m_1, S)
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rotate_q_kernel(
@@ -145,10 +147,7 @@ def _rotate_q_kernel(
     o_d = tl.arange(0, D)
     o_hq = tl.arange(0, BLOCK_HQ)
     m_hq = o_hq < HQ
-    b_q = tl.load(q_ptr + i_t * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_hq[:, None], other=0.0)
-    b_q = b_q.to(tl.float32)
-    if ROTATE:
-        b_q = fwht_rows(b_q, BLOCK_HQ, D, LOG2D) * INV_SQRT_D
+    b_q = load_rotated(q_ptr, i_t, stride_qt, stride_qh, o_hq, m_hq, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
     tl.store(q_out_ptr + (i_t * HQ + o_hq[:, None]) * D + o_d[None, :], b_q, mask=m_hq[:, None])
 
 
