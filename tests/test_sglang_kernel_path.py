@@ -43,11 +43,17 @@ def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype)
     r2t = ReqToTokenPool(size=4, max_context_len=128, device=device, enable_memory_saver=False)
     backend = create_oscar_backend(SimpleNamespace(device=device, req_to_token_pool=r2t, token_to_kv_pool=pool))
     layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
-    return SimpleNamespace(pool=pool, alloc=alloc, r2t=r2t, backend=backend, layers=layers)
+    return SimpleNamespace(pool=pool, alloc=alloc, r2t=r2t, backend=backend, layers=layers, captured=False)
 
 
-def _run(st, k_all, v_all, q_all, steps):
-    """Drive two requests (rows 1 and 2) through `steps` of (kind, lens); return every output."""
+def _run(st, k_all, v_all, q_all, steps, graph=False):
+    """Drive two requests (rows 1 and 2) through `steps` of (kind, lens); return every output.
+
+    graph: decode steps follow SGLang's CUDA-graph protocol (init_cuda_graph_state once; per step
+    init_forward_metadata_out_graph then init_forward_metadata_in_graph; the layers' forward_decode
+    is the captured body, run again at every step as a replay re-runs its kernels)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
     outs = []
     dev = st.pool.device
     slots = {1: torch.zeros(80, dtype=torch.int64), 2: torch.zeros(80, dtype=torch.int64)}
@@ -65,8 +71,16 @@ def _run(st, k_all, v_all, q_all, steps):
             slots[r][p:s] = out[at:at + s - p].cpu()
             st.r2t.req_to_token[r, :s] = slots[r][:s].to(device=dev, dtype=torch.int32)
             at += s - p
-        fb = SimpleNamespace(req_pool_indices=g(rows), seq_lens=g(seq), extend_prefix_lens=g(pre), out_cache_loc=out)
-        st.backend.init_forward_metadata(fb)
+        fb = SimpleNamespace(req_pool_indices=g(rows), seq_lens=g(seq), extend_prefix_lens=g(pre), out_cache_loc=out,
+                             forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND)
+        if graph and decode:
+            if not hasattr(st.backend, "_g_pages"):
+                st.backend.init_cuda_graph_state(2, 2)
+            st.backend.init_forward_metadata_out_graph(fb, in_capture=not st.captured)
+            st.backend.init_forward_metadata_in_graph(fb)
+            st.captured = True
+        else:
+            st.backend.init_forward_metadata(fb)
         for li, layer in enumerate(st.layers):
             idx = [(r - 1, pos) for r, p, s in zip(rows, pre, seq) for pos in range(p, s)]
             k = torch.stack([k_all[li, i, :, pos] for i, pos in idx])
@@ -131,3 +145,49 @@ def test_kernel_path_selection_and_shape_checks(monkeypatch):
     # A kernel-path pool is refused at construction when its shape is not one the kernels take.
     with pytest.raises(ValueError, match="k-group"):
         _stack(OscarConfig(k_group=8, v_group=16, residual=32), True, "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_cuda_graph_protocol_matches_eager_steps(device):
+    """--oscar-cuda-graph: decode steps through SGLang's graph protocol (host work out of the graph,
+    fixed page table and seal plan, the fused decode + seal launches as the captured body) give the
+    eager steps' outputs, across a page that fills and is sealed inside the body; the body itself
+    never calls the runtime."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, residual=P)
+    total = 80
+    gen = torch.Generator().manual_seed(3)
+    k_all = torch.randn(LAYERS, 2, H, total, D, generator=gen) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
+    v_all = torch.randn(LAYERS, 2, H, total, D, generator=gen)
+    q_all = torch.randn(LAYERS, 2, total, HQ, D, generator=gen)
+    k_all, v_all, q_all = (x.to(device=device, dtype=dtype) for x in (k_all, v_all, q_all))
+    steps = [(False, [0, 0], [41, 7]), (False, [41, 7], [60, 19])]
+    steps += [(True, [60 + i, 19 + i], [61 + i, 20 + i]) for i in range(6)]  # page 1 fills at 63, sealed
+    eager_st, graph_st = _stack(cfg, True, device, dtype), _stack(cfg, True, device, dtype)
+    calls = []
+    begin = graph_st.pool.oscar_begin_step
+    graph_st.pool.oscar_begin_step = lambda *a, **kw: (calls.append(graph_st.backend._graph_active), begin(*a, **kw))[1]
+    body = graph_st.backend._forward_decode_graph
+
+    def traced_body(*a, **kw):
+        n = len(calls)
+        out = body(*a, **kw)
+        assert len(calls) == n, "the captured body called the runtime"
+        return out
+
+    graph_st.backend._forward_decode_graph = traced_body
+    eager_out, eager_slots = _run(eager_st, k_all, v_all, q_all, steps)
+    graph_out, graph_slots = _run(graph_st, k_all, v_all, q_all, steps, graph=True)
+    assert calls.count(True) == 6  # one runtime call per decode step, from the out-of-graph prep
+    for a, b in zip(eager_out, graph_out):
+        assert torch.equal(a, b)
+    assert eager_st.pool.oscar_page_states() == graph_st.pool.oscar_page_states()
+    for name in ("k_codes", "k_params", "v_codes", "v_params"):
+        assert all(torch.equal(x, y) for x, y in zip(getattr(eager_st.pool, name), getattr(graph_st.pool, name)))
+    graph_st.pool.oscar_runtime.check()
+
+
+def test_cuda_graph_state_needs_the_kernel_path():
+    st = _stack(OscarConfig(bits=2, k_group=16, v_group=16, residual=P), False, "cpu", torch.float32)
+    with pytest.raises(RuntimeError, match="kernel path"):
+        st.backend.init_cuda_graph_state(4, 4)

@@ -74,6 +74,15 @@ def test_oscar_flags_parse_and_reach_workers(parse):
     assert plugin.oscar_config_of(clone) == OscarConfig(**want)
 
 
+def test_cuda_graphs_off_unless_asked_and_prefill_graphs_always_off(parse):
+    sa = parse("--kv-cache", "oscar")
+    assert sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
+    sa = parse("--kv-cache", "oscar", "--oscar-cuda-graph", "--device", "cuda")  # parsing touches no GPU
+    assert not sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
+    with pytest.raises(OscarStartupError, match="needs a CUDA device"):
+        parse("--kv-cache", "oscar", "--oscar-cuda-graph", "--device", "cpu")
+
+
 def test_default_kv_cache_is_untouched(parse):
     sa = parse()
     assert getattr(sa, SERVER_ARGS_ATTR, None) is None

@@ -53,9 +53,80 @@ def _make_backend_class() -> type:
             self.cfg = pool.oscar_config
 
         def init_forward_metadata(self, forward_batch: Any) -> None:
+            self._graph_active = False
             super().init_forward_metadata(forward_batch)
             # The step's page events go to the Rust runtime here, once, before the first layer.
             self.token_to_kv_pool.oscar_begin_step(new_step=True)
+
+        # -- CUDA graphs (decode; opt-in with --oscar-cuda-graph) ----------------------------------
+        # SGLang 0.5.23's protocol: init_cuda_graph_state once; per captured or replayed step,
+        # init_forward_metadata_out_graph (eager, host work) then init_forward_metadata_in_graph
+        # (recorded); forward_decode runs only while capturing. Out of the graph: the runtime call
+        # and the page -> staging map update, and the step's seal plan copied into a fixed-size plan
+        # buffer (unused rows -1). In the graph: each request's page list gathered from
+        # req_to_token into a fixed [max_bs, max_pages] table and the lengths copied; per layer the
+        # fused decode launch (write + attention) and one seal launch over the plan buffer.
+
+        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
+            pool = self.token_to_kv_pool
+            if not pool.use_kernels:
+                raise RuntimeError("--oscar-cuda-graph needs the kernel path (a CUDA device)")
+            p, dev = pool.page_size, pool.device
+            r2t = self.req_to_token_pool.req_to_token
+            self._g_max_pages = -(-r2t.shape[1] // p)
+            self._g_first = torch.arange(self._g_max_pages, dtype=torch.int64, device=r2t.device) * p
+            self._g_kv_indptr = (torch.arange(max_bs + 1, dtype=torch.int32) * self._g_max_pages).to(dev)
+            self._g_pages = torch.zeros(max_bs * self._g_max_pages, dtype=torch.int32, device=dev)
+            self._g_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=dev)
+            self._g_workspaces: dict[int, Any] = {}
+            # a decode step fills at most one page per request; twice that leaves room for a carried plan
+            pool.oscar_graph_plan_init(2 * max_bs)
+
+        def get_cuda_graph_seq_len_fill_value(self) -> int:
+            return 1
+
+        def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+            if not forward_batch.forward_mode.is_decode():
+                raise RuntimeError("--kv-cache oscar captures decode steps only (prefill CUDA graphs stay off)")
+            self._graph_active = True
+            pool = self.token_to_kv_pool
+            pool.oscar_begin_step(new_step=True)
+            pool.oscar_graph_plan_stage()  # every layer of the step runs inside the graph
+
+        def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+            fb = forward_batch
+            bs = fb.req_pool_indices.shape[0]
+            r2t = self.req_to_token_pool.req_to_token
+            self._g_seq_lens[:bs].copy_(fb.seq_lens)
+            rows = fb.req_pool_indices.to(torch.int64)
+            pages = r2t[rows[:, None], self._g_first[None, :]].to(torch.int64) // self.token_to_kv_pool.page_size
+            self._g_pages[: bs * self._g_max_pages].copy_(pages.reshape(-1))
+
+        def _forward_decode_graph(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any) -> torch.Tensor:
+            """The captured body of one layer: no host work, every buffer fixed per batch size."""
+            from .. import kernels as K
+
+            pool, cfg = self.token_to_kv_pool, self.cfg
+            li = layer.layer_id - pool.start_layer
+            hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+            q_ = q.reshape(-1, hq, d)
+            bs = q_.shape[0]
+            splits = K.pick_num_splits(bs, h, waves=K.decode.default_tuning(bs, h, d, pool.page_size)["waves"])
+            ws = self._g_workspaces.get(bs)
+            if ws is None:  # first seen in the warm-up runs before the capture
+                ws = self._g_workspaces[bs] = K.decode_workspace(bs, hq, h, d, splits, q.device)
+            out = K.oscar_decode_attention(
+                q=q_.contiguous(), k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
+                v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
+                staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
+                kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
+                bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
+                new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
+                staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None,
+                num_splits=splits, workspace=ws,
+            )
+            pool.oscar_graph_seal(li)
+            return out.reshape(-1, hq * d)
 
         def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
                            forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
@@ -66,6 +137,10 @@ def _make_backend_class() -> type:
 
         def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
                            forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+            if getattr(self, "_graph_active", False):
+                if not save_kv_cache or k is None or v is None:
+                    raise RuntimeError("--oscar-cuda-graph: a decode step that does not write its K/V cannot be captured")
+                return self._forward_decode_graph(q, k, v, layer, forward_batch)
             seq = _host_lens(forward_batch)
             pre = [s - 1 for s in seq]
             return self._forward(q, k, v, layer, forward_batch, pre, seq, save_kv_cache, decode=True)

@@ -63,6 +63,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--oscar-norm-scope", choices=("layer", "head"), default=d.norm_scope,
                    help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head'. "
                    "Under tensor parallelism 'layer' means the heads of this rank.")
+    g.add_argument("--oscar-cuda-graph", action="store_true",
+                   help="Experimental: keep SGLang's decode CUDA graphs (CUDA only; prefill graphs stay off). "
+                   "Tested against SGLang's graph protocol on CPU and the captured kernels on an H200, "
+                   "not yet in a GPU server.")
     g.add_argument("--oscar-no-rotation", action="store_true", help="Ablation: no Walsh-Hadamard rotation.")
     g.add_argument("--oscar-no-token-scaling", action="store_true", help="Ablation: no token scaling.")
 
@@ -96,9 +100,12 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
         check_server_args(args, cfg)
         args.attention_backend = BACKEND_NAME
         args.page_size = cfg.residual
-        # The backend has no CUDA-graph path: the step's one runtime call (page events -> seal plan,
-        # page -> staging map) runs in init_forward_metadata, which a graph replay would skip.
-        for name in ("disable_prefill_cuda_graph", "disable_decode_cuda_graph"):
+        # Prefill steps have no graph path (their runtime call and seal plan vary with the chunk);
+        # decode steps have one (backend.py), kept only on request while it has not run in a GPU server.
+        off = ["disable_prefill_cuda_graph"]
+        if not getattr(args, "oscar_cuda_graph", False):
+            off.append("disable_decode_cuda_graph")
+        for name in off:
             if hasattr(args, name):
                 setattr(args, name, True)
     server_args = original(cls, args)

@@ -313,6 +313,29 @@ def _make_pool_class() -> type:
             self._seal_kernels(li)
             self._end_layer(li)
 
+        # -- CUDA graphs (see backend.py) -----------------------------------------------------
+        def oscar_graph_plan_init(self, capacity: int) -> None:
+            """A fixed ``[capacity, 2]`` seal plan that captured seal launches read (rows -1: none)."""
+            self._g_plan = torch.full((capacity, 2), -1, dtype=torch.int32, device=self.device)
+            self._g_plan_host = torch.full((capacity, 2), -1, dtype=torch.int32)
+
+        def oscar_graph_plan_stage(self) -> None:
+            """Copy this step's seal plan into the fixed plan buffer (outside the graph) and close the
+            step on the host: every layer's write and seal of this step run inside the graph."""
+            cap = self._g_plan.shape[0]
+            if len(self._seal_host) > cap:
+                raise RuntimeError(f"OScaR: {len(self._seal_host)} pages to seal in one decode step, over the "
+                                   f"CUDA-graph plan buffer of {cap}")
+            self._g_plan_host.fill_(-1)
+            if self._seal_host:
+                self._g_plan_host[: len(self._seal_host)] = torch.tensor(self._seal_host, dtype=torch.int32)
+            self._g_plan.copy_(self._g_plan_host)
+            self._step_begun = False
+
+        def oscar_graph_seal(self, li: int) -> None:
+            """The captured seal launch of layer ``li`` over the fixed plan buffer."""
+            self._seal_kernels(li, plan=self._g_plan)
+
         def _end_layer(self, li: int) -> None:
             if li == self.layer_num - 1:
                 self._step_begun = False
@@ -330,13 +353,14 @@ def _make_pool_class() -> type:
                                  rotation=cfg.rotation)
             self._seal_kernels(li)
 
-        def _seal_kernels(self, li: int) -> None:
+        def _seal_kernels(self, li: int, plan: torch.Tensor | None = None) -> None:
             """One seal launch for every page of the step's plan (kernel path)."""
             from .. import kernels as K
 
             cfg = self.oscar_config
-            if self._seal_plan is not None:
-                K.oscar_seal(plan=self._seal_plan, staging_k=self.stage_k[li], staging_v=self.stage_v[li],
+            plan = self._seal_plan if plan is None else plan
+            if plan is not None:
+                K.oscar_seal(plan=plan, staging_k=self.stage_k[li], staging_v=self.stage_v[li],
                              staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
                              k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
                              v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,

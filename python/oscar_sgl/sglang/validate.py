@@ -62,6 +62,8 @@ def check_server_args(ns: Any, cfg: OscarConfig) -> None:
             "an OScaR page is the unit of sealing, so SGLang's page must be the same "
             "(omit --page-size and it follows --oscar-page-size)"
         )
+    if getattr(ns, "oscar_cuda_graph", False) and str(getattr(ns, "device", None) or "cuda").startswith("cpu"):
+        raise OscarStartupError("--oscar-cuda-graph keeps CUDA graphs of decode steps: it needs a CUDA device, not --device cpu")
     backend = getattr(ns, "attention_backend", None)
     if backend not in (None, "oscar"):
         raise OscarStartupError(
