@@ -126,7 +126,7 @@ def test_oscar_server_end_to_end(model_path):
         # radix cache's inserts reach it: the tree holds sealed pages.
         assert oscar["runtime_steps"] > 0 and oscar["tree_pages"] > 0, oscar
         metrics = server.get("/metrics")
-        assert "oscar:compression_ratio" in metrics and 'oscar:pages{state="sealed"}' in metrics
+        assert "oscar:compression_ratio" in metrics and 'oscar:pages{state="sealed",tp_rank="0"}' in metrics
         # SGLang logs a harmless /freeze_gc connection traceback at startup on some runs; none may be ours.
         assert "oscar_sgl/" not in server.log(), server.log()[-3000:]
 

@@ -167,11 +167,13 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         cfg, self.model_config, tp_size=get_parallel().attn_tp_size, use_mla=bool(self.use_mla_backend),
         is_hybrid_swa=bool(self.is_hybrid_swa), is_hybrid_linear=self.mambaish_config is not None,
     )
+    parallel = get_parallel()
     return pool_class_for(
         cfg,
         max_running_requests=getattr(self.server_args, "max_running_requests", None),
         enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
         max_prefill_tokens=_prefill_tokens(self.server_args),
+        tp_rank=int(parallel.tp_rank), tp_size=int(parallel.attn_tp_size),
     )
 
 
