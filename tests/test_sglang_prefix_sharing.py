@@ -349,3 +349,53 @@ def test_retraction_to_host_is_rejected_cleanly() -> None:
         srv.pool.get_cpu_copy(torch.arange(P))
     with pytest.raises(NotImplementedError):
         srv.pool.load_cpu_copy(None, torch.arange(P))
+
+
+def test_resize_keeps_allocator_pool_and_runtime_consistent() -> None:
+    """`OscarPagedAllocator.resize` (SGLang calls it only for post-capture pools, which an OScaR pool
+    never is; see its docstring). Within the pages the pool was built with it frees everything in the
+    allocator, the runtime and the pool's page map at once; past them it is refused before anything
+    changes (the packed arrays cannot grow)."""
+    from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+
+    srv = Server("radix", pages=12)
+    a = srv.admit(_prompt(2, 19), gen=6, chunk=32)  # 19 + 6 tokens: pages 1-3 sealed
+    srv.extend([a])
+    for _ in range(6):
+        srv.decode([a])
+    srv.finish(a)
+    cap = srv.pool.num_pages - 1  # the pages the pool's packed arrays and page map hold
+    assert cap == srv.rt.num_pages - 1 >= 12
+
+    before = (srv.alloc.size, srv.alloc.num_pages, srv.alloc.available_size(), srv.rt.stats())
+    with pytest.raises(ValueError, match=r"cannot resize the KV allocator .* built with \d+ pages"):
+        srv.alloc.resize(MemoryPoolConfig(max_total_num_tokens=(cap + 1) * P))
+    assert (srv.alloc.size, srv.alloc.num_pages, srv.alloc.available_size(), srv.rt.stats()) == before
+    assert srv.rt.num_pages == srv.pool.num_pages  # the runtime was not grown past the pool
+
+    # SGLang resizes an empty pool (right after graph capture): drop the tree first, as flush_cache does.
+    srv.cache.reset()
+    assert bool((srv.pool.page_map >= 0).any()), "a page sealed in the last step still maps its staging"
+    srv.alloc.resize(MemoryPoolConfig(max_total_num_tokens=6 * P))
+    srv.size = 6 * P
+    srv.steps = 0  # the runtime was reset with everything else, its step counter included
+    assert srv.alloc.num_pages == 6 and srv.alloc.available_size() == 6 * P
+    s = srv.rt.stats()
+    assert s.free_pages == s.total_pages and s.open_pages == s.sealed_pages == s.tree_pages == 0, s
+    assert srv.rt.staging_free() == srv.rt.staging_slots
+    assert bool((srv.pool.page_map == -1).all()), "the pool's page map still names staging pages"
+    assert srv.pool._seal_plan is None and not srv.pool._step_begun
+
+    # The resized allocator serves requests over the same pool: attention checked against the
+    # reference at every step, page ids within the new range, everything returned at the end.
+    for i in range(3):
+        r = srv.admit(_prompt(20 + i, 13), gen=4, chunk=16)
+        srv.extend([r])
+        for _ in range(4):
+            srv.decode([r])
+        assert int(r.row[:r.seq_len].max()) // P <= 6
+        srv.finish(r)
+        srv.idle()
+        srv.cache.evict(EvictParams(num_tokens=srv.size))  # 6 pages: make room for the next one
+    srv.evict_all_and_check()
+    assert srv.alloc.oscar_page_capacity() == cap  # a shrink keeps the pool's pages for a later resize

@@ -279,13 +279,51 @@ def _allocator_class() -> type:
                 self._log(OP_RELEASE, int(ids.numel()), None, ids.reshape(-1))
 
         def clear(self) -> None:
+            """SGLang's `clear()` (flush_cache, resize): every page free, here and in the runtime and
+            the pool (its page map and any seal plan it still holds)."""
             super().clear()
             if self._oscar is None:
                 return
             self._oscar_log.clear()
-            if self._oscar.num_pages < self.num_pages + 1:  # resize() grew the pool
-                self._oscar = self._oscar.resized(self.num_pages + 1)
+            if self._oscar.num_pages < self.num_pages + 1:
+                raise RuntimeError(
+                    f"OScaR allocator: {self.num_pages} pages exceed the runtime's {self._oscar.num_pages - 1}; "
+                    "the allocator was resized past its pool (use resize(), which refuses that)"
+                )
             self._oscar.reset()
+            on_clear = getattr(self._kvcache, "oscar_on_clear", None)
+            if on_clear is not None:
+                on_clear()
+
+        def oscar_page_capacity(self) -> int:
+            """Most pages this allocator may hand out: the pool's packed arrays, its page map and the
+            runtime are sized once, at construction (page 0 is SGLang's padding page)."""
+            pages = self.oscar_runtime.num_pages
+            pool_pages = getattr(self._kvcache, "num_pages", None)
+            if pool_pages is not None:
+                pages = min(pages, int(pool_pages))
+            return pages - 1
+
+        def resize(self, config: Any) -> None:
+            """SGLang's `resize(config)` (new `config.max_total_num_tokens`; every page is freed).
+
+            SGLang 0.5.23 calls it from one place only: `ModelRunner.post_capture_resize_kv_pool`
+            (kv_pool_runtime.py `compute_post_capture_kv_resize`), which the scheduler runs when
+            `token_to_kv_pool.post_capture_active`, i.e. for a pool reserved as virtual memory before
+            CUDA-graph capture and backed afterwards. An OScaR pool is never built that way
+            (`post_capture_active=False`, CUDA graphs off), so a server never gets here. Should it,
+            the pool, its page map and the runtime stay consistent: a resize within the pages they
+            were built with is applied (the runtime keeps its size, so every page id stays valid),
+            one past them is refused before anything changes: the packed arrays cannot grow."""
+            new_pages = int(config.max_total_num_tokens) // self.page_size
+            cap = self.oscar_page_capacity()
+            if new_pages > cap:
+                raise ValueError(
+                    f"--kv-cache oscar: cannot resize the KV allocator to {config.max_total_num_tokens} tokens "
+                    f"({new_pages} pages of {self.page_size}): the OScaR pool was built with {cap} pages "
+                    f"({cap * self.page_size} tokens) and its packed arrays, page map and runtime do not grow"
+                )
+            super().resize(config)
 
     return OscarPagedAllocator
 

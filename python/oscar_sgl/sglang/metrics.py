@@ -23,7 +23,10 @@ def snapshot(pool: Any) -> dict[str, Any]:
     packed = cfg.bytes_per_token(h, d) * layers
     bf16 = bf16_cell_size_bytes(h, d, layers)
     st = pool.oscar_runtime.stats()
-    usable = pool.num_pages - 1  # page 0 is SGLang's padding page
+    alloc = getattr(pool, "_oscar_allocator", None)
+    # The pages SGLang's allocator hands out (page 0 is its padding page).
+    usable = int(alloc.num_pages) if alloc is not None else pool.num_pages - 1
+    capacity = int(alloc.size) if alloc is not None else pool.size
     return {
         "config": cfg.to_dict(),
         "layout_version": 1,
@@ -41,8 +44,8 @@ def snapshot(pool: Any) -> dict[str, Any]:
                   "free": max(0, usable - int(st.sealed_pages) - int(st.open_pages))},
         "tree_pages": int(st.tree_pages),
         "locked_pages": int(st.locked_pages),
-        "token_capacity": pool.size,
-        "bf16_tokens_same_bytes": int(pool.size * packed / bf16),
+        "token_capacity": capacity,
+        "bf16_tokens_same_bytes": int(capacity * packed / bf16),
         "staging_pages_in_use": int(st.staging_in_use),
         "staging_pages_total": int(st.staging_capacity),
         "staging_pages_peak": int(st.staging_high_water),

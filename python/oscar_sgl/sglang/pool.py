@@ -253,6 +253,14 @@ def _make_pool_class() -> type:
             if self._gauges is not None:
                 self._gauges.update(self)
 
+        def oscar_on_clear(self) -> None:
+            """The allocator was cleared (SGLang's flush_cache or resize) and the runtime reset:
+            no page is in staging and no seal is pending any more."""
+            self._seal_host = []
+            self._seal_plan = None
+            self._step_begun = False
+            self.page_map.fill_(-1)
+
         def oscar_page_states(self) -> dict[str, int]:
             s = self.oscar_runtime.stats()
             return {
