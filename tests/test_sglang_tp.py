@@ -87,9 +87,11 @@ def test_tp3_equals_tp1_head_scope(model_path):
     assert info3["config"]["norm_scope"] == "layer" and info3["token_scale_columns"] == 1, info3
     assert info3["kv_bytes_per_token"] < info3["bf16_bytes_per_token"] / 4, info3
     assert info3["seals_total"] > 0, info3  # decoding really read sealed (INT2) pages
-    for rank in range(3):  # every rank reports its own pool on /metrics
-        assert f'oscar:kv_heads{{tp_rank="{rank}"}} 1.0' in metrics3, metrics3
-        assert f'oscar:token_scale_columns{{tp_rank="{rank}"}} 1.0' in metrics3, metrics3
+    for rank in range(3):  # every rank reports its own pool on /metrics, as of after the last step
+        for line in (f'oscar:kv_heads{{tp_rank="{rank}"}} 1.0', f'oscar:token_scale_columns{{tp_rank="{rank}"}} 1.0',
+                     f'oscar:pages{{state="open",tp_rank="{rank}"}} 0.0',
+                     f'oscar:staging_pages_in_use{{tp_rank="{rank}"}} 0.0'):
+            assert line in metrics3, (line, [m for m in metrics3.splitlines() if m.startswith("oscar:")])
     assert "oscar_sgl/" not in log3, log3[-3000:]
 
     head, info_h, _, _ = _run(model_path, "--oscar-norm-scope", "head")

@@ -39,6 +39,7 @@ from ..runtime import (
     OP_RELEASE,
     OP_SHARE,
     OP_UNLOCK,
+    OP_WRITE,
     OscarRuntime,
     StepResult,
 )
@@ -81,6 +82,10 @@ def _page_ids(slots: "torch.Tensor", page_size: int) -> "np.ndarray | torch.Tens
     return slots.reshape(-1) // page_size
 
 
+#: Events that write or open pages: only a step may apply them (the runtime refuses them in a flush).
+_STEP_OPS = frozenset((OP_EXTEND, OP_DECODE, OP_ALLOC, OP_WRITE))
+
+
 class _EventLog:
     """One step's events: host records plus page ids (host arrays, or device tensors copied to
     pinned host memory without a sync)."""
@@ -119,6 +124,11 @@ class _EventLog:
         self.event.record()
         # The numpy view is read only in drain(), after the event.
         self.ids.append(host.numpy())
+
+    def only_between_steps(self) -> bool:
+        """Whether every logged event may be flushed between two steps (none writes or opens a
+        page: each record is one event, its opcode first)."""
+        return self.pending_opens == 0 and not any(int(r[0]) in _STEP_OPS for r in self.ops)
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
         if self.event is not None:
@@ -185,6 +195,19 @@ def _allocator_class() -> type:
             after the scheduler's allocations and before the first layer."""
             ops, ids = self._oscar_log.drain()
             return self.oscar_runtime.step_arrays(ops, ids)
+
+        def oscar_flush(self) -> bool:
+            """Between two steps, hand the runtime the events logged since the last step when all
+            of them are result processing (releases, radix locks, unlocks, inserts), so its
+            statistics are the state after the step. A log holding an allocation or a write (the
+            next batch is being scheduled) stays for the next :meth:`oscar_step`. The caller makes
+            sure no forward is in progress (`OscarKVPool.oscar_sync`). Returns whether it flushed."""
+            log = self._oscar_log
+            if self._oscar is None or not log.ops or not log.only_between_steps():
+                return False
+            ops, ids = log.drain()
+            self._oscar.flush_arrays(ops, ids)
+            return True
 
         def _reserve_staging(self, new_pages: int) -> None:
             if self._oscar is None or new_pages == 0:

@@ -1,6 +1,11 @@
 """OScaR numbers a server reports: in `/server_info` (`internal_states[i]["oscar"]`) always, and as
 Prometheus gauges on `/metrics` when the server runs with `--enable-metrics`.
 
+Both describe the state after the last scheduler step: the events SGLang logs while it processes a
+step's results (finished requests' pages released, radix inserts, unlocks) reach the Rust runtime
+right then (`OscarKVPool.oscar_sync`, from a hook on `Scheduler.process_batch_result` and before
+`/server_info` answers), not at the next step's forward.
+
 Gauges (multiprocess mode "mostrecent", like SGLang's own), each labelled `tp_rank` (every
 tensor-parallel rank has its own pool, runtime and token scales): `oscar:kv_bytes_per_token`,
 `oscar:bf16_bytes_per_token`, `oscar:compression_ratio`, `oscar:pages{state=sealed|open|free}`,
@@ -58,7 +63,9 @@ def snapshot(pool: Any) -> dict[str, Any]:
 
 
 class PrometheusGauges:
-    """Created in the scheduler process when `--enable-metrics` is on; updated once per step."""
+    """Created in the scheduler process when `--enable-metrics` is on; updated once per scheduler step,
+    after SGLang processed the step's results (`OscarKVPool.oscar_after_step`), so they show the state
+    after the step."""
 
     def __init__(self, tp_rank: int = 0) -> None:
         from prometheus_client import Gauge

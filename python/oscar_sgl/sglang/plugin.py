@@ -247,7 +247,18 @@ def _after_add_memory_usage(result: Any, self: Any, state: dict, *args: Any, **k
     if hasattr(pool, "oscar_config"):
         from .metrics import snapshot
 
+        pool.oscar_after_step()  # events logged since the last step's results (none, usually)
         state["oscar"] = snapshot(pool)
+    return result
+
+
+@_hook("sglang.srt.managers.scheduler.Scheduler.process_batch_result", "AFTER")
+def _after_process_batch_result(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """After a step's results are processed (finished requests released, radix inserts, unlocks):
+    the runtime gets those events now and the gauges show the state after the step."""
+    pool = self.token_to_kv_pool_allocator.get_kvcache()
+    if hasattr(pool, "oscar_after_step"):
+        pool.oscar_after_step()
     return result
 
 

@@ -250,6 +250,22 @@ def _make_pool_class() -> type:
             self._seal_plan = (torch.tensor(self._seal_host, dtype=torch.int32).to(self.device)
                                if self._seal_host else None)
             self._step_begun = True
+
+        def oscar_sync(self) -> bool:
+            """Between steps: the events SGLang logged after the last forward (finished requests'
+            releases, radix inserts, unlocks) reach the runtime now instead of at the next step, so
+            the page states and staging use it reports are those after the step. Skipped while a
+            forward is under way (its seals still need their staging pages) and when the log already
+            holds the next batch's allocations. Returns whether events were applied."""
+            alloc = self._oscar_allocator
+            if alloc is None or self._step_begun:
+                return False
+            return bool(alloc.oscar_flush())
+
+        def oscar_after_step(self) -> None:
+            """Once per scheduler step, after SGLang processed its results (plugin hook on
+            `Scheduler.process_batch_result`): sync, then update the Prometheus gauges."""
+            self.oscar_sync()
             if self._gauges is not None:
                 self._gauges.update(self)
 
