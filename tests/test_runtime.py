@@ -92,6 +92,32 @@ def test_prefill_decode_seal_and_map() -> None:
     rt.check()
 
 
+def test_flush_between_steps() -> None:
+    """`flush`: a step's result processing (release, share, unlock) applied between steps, so the
+    stats are those after the step; writes are refused and the map changes wait for the next step."""
+    rt = make()
+    b = EventBatch()
+    b.extend([0], [6], [1, 2])  # page 1 sealed this step (slot 0 queued), page 2 open (slot 1)
+    rt.step(b)
+    b.clear()
+    b.share([1])
+    b.release([2])
+    rt.flush(b)
+    s = rt.stats()
+    assert (s.open_pages, s.sealed_pages, s.tree_pages, s.staging_in_use, s.steps) == (0, 1, 1, 0, 1)
+    np.testing.assert_array_equal(rt.page_to_staging()[:3], [-1, -1, -1])  # the device copy: next step
+    before = rt.stats()
+    w = EventBatch()
+    w.release([1])
+    w.alloc([3])
+    with pytest.raises(EventError, match="belongs to a step"):
+        rt.flush(w)
+    assert rt.stats() == before
+    res = rt.step(EventBatch())
+    assert res.seal_plan.size == 0 and pairs(res.map_delta) == [(1, -1), (2, -1)]
+    rt.check()
+
+
 def test_shared_pages_are_protected() -> None:
     rt = make()
     b = EventBatch()

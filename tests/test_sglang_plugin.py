@@ -168,3 +168,33 @@ def test_help_lists_the_flags():
     for flag in ("--kv-cache {default,oscar}", "--oscar-bits", "--oscar-k-group", "--oscar-v-group",
                  "--oscar-page-size", "--oscar-norm-scope"):
         assert flag in out.stdout, flag
+
+
+def _loads_nccl() -> bool:
+    import ctypes
+
+    import torch
+
+    if torch.version.cuda is None:
+        return False
+    try:
+        ctypes.CDLL("libnccl.so.2")
+    except OSError:
+        return False
+    return True
+
+
+def test_cpu_tensor_parallel_needs_sglang_fallback(parse, monkeypatch):
+    """`--device cpu --tp-size 3` with PyPI's CUDA torch: SGLang would build a PyNccl communicator on
+    the CPU and crash in a scheduler; we say what to set at startup instead. With the setting, the
+    same flags parse (test_sglang_tp.py runs that server)."""
+    if not _loads_nccl():
+        pytest.skip("this torch has no loadable libnccl.so.2: SGLang falls back to gloo by itself")
+    monkeypatch.delenv("SGLANG_NCCL_SO_PATH", raising=False)
+    with pytest.raises(OscarStartupError, match="SGLANG_NCCL_SO_PATH=none"):
+        parse("--kv-cache", "oscar", "--tp-size", "3")
+    parse("--tp-size", "3")  # without --kv-cache oscar the plug-in stays out of the way
+    assert parse("--kv-cache", "oscar").tp_size == 1  # TP = 1 needs nothing
+    monkeypatch.setenv("SGLANG_NCCL_SO_PATH", "none")
+    sa = parse("--kv-cache", "oscar", "--tp-size", "3")
+    assert sa.tp_size == 3 and sa.attention_backend == "oscar"

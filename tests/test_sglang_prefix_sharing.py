@@ -90,11 +90,12 @@ class Req:
 class Server:
     """One OScaR pool + allocator + backend + SGLang radix cache, driven like SGLang's scheduler."""
 
-    def __init__(self, kind: str, *, pages: int, max_requests: int = 4) -> None:
+    def __init__(self, kind: str, *, pages: int, max_requests: int = 4, metrics: bool = False) -> None:
         from oscar_sgl.sglang.pool import pool_class_for
 
         self.size = pages * P
-        self.pool = pool_class_for(CFG, max_running_requests=max_requests, max_prefill_tokens=64)(
+        self.pool = pool_class_for(CFG, max_running_requests=max_requests, max_prefill_tokens=64,
+                                   enable_metrics=metrics)(
             self.size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
             device="cpu", enable_memory_saver=False,
         )
@@ -349,3 +350,118 @@ def test_retraction_to_host_is_rejected_cleanly() -> None:
         srv.pool.get_cpu_copy(torch.arange(P))
     with pytest.raises(NotImplementedError):
         srv.pool.load_cpu_copy(None, torch.arange(P))
+
+
+def test_resize_keeps_allocator_pool_and_runtime_consistent() -> None:
+    """`OscarPagedAllocator.resize` (SGLang calls it only for post-capture pools, which an OScaR pool
+    never is; see its docstring). Within the pages the pool was built with it frees everything in the
+    allocator, the runtime and the pool's page map at once; past them it is refused before anything
+    changes (the packed arrays cannot grow)."""
+    from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+
+    srv = Server("radix", pages=12)
+    a = srv.admit(_prompt(2, 19), gen=6, chunk=32)  # 19 + 6 tokens: pages 1-3 sealed
+    srv.extend([a])
+    for _ in range(6):
+        srv.decode([a])
+    srv.finish(a)
+    cap = srv.pool.num_pages - 1  # the pages the pool's packed arrays and page map hold
+    assert cap == srv.rt.num_pages - 1 >= 12
+
+    before = (srv.alloc.size, srv.alloc.num_pages, srv.alloc.available_size(), srv.rt.stats())
+    with pytest.raises(ValueError, match=r"cannot resize the KV allocator .* built with \d+ pages"):
+        srv.alloc.resize(MemoryPoolConfig(max_total_num_tokens=(cap + 1) * P))
+    assert (srv.alloc.size, srv.alloc.num_pages, srv.alloc.available_size(), srv.rt.stats()) == before
+    assert srv.rt.num_pages == srv.pool.num_pages  # the runtime was not grown past the pool
+
+    # SGLang resizes an empty pool (right after graph capture): drop the tree first, as flush_cache does.
+    srv.cache.reset()
+    assert bool((srv.pool.page_map >= 0).any()), "a page sealed in the last step still maps its staging"
+    srv.alloc.resize(MemoryPoolConfig(max_total_num_tokens=6 * P))
+    srv.size = 6 * P
+    srv.steps = 0  # the runtime was reset with everything else, its step counter included
+    assert srv.alloc.num_pages == 6 and srv.alloc.available_size() == 6 * P
+    s = srv.rt.stats()
+    assert s.free_pages == s.total_pages and s.open_pages == s.sealed_pages == s.tree_pages == 0, s
+    assert srv.rt.staging_free() == srv.rt.staging_slots
+    assert bool((srv.pool.page_map == -1).all()), "the pool's page map still names staging pages"
+    assert srv.pool._seal_plan is None and not srv.pool._step_begun
+
+    # The resized allocator serves requests over the same pool: attention checked against the
+    # reference at every step, page ids within the new range, everything returned at the end.
+    for i in range(3):
+        r = srv.admit(_prompt(20 + i, 13), gen=4, chunk=16)
+        srv.extend([r])
+        for _ in range(4):
+            srv.decode([r])
+        assert int(r.row[:r.seq_len].max()) // P <= 6
+        srv.finish(r)
+        srv.idle()
+        srv.cache.evict(EvictParams(num_tokens=srv.size))  # 6 pages: make room for the next one
+    srv.evict_all_and_check()
+    assert srv.alloc.oscar_page_capacity() == cap  # a shrink keeps the pool's pages for a later resize
+
+
+def test_metrics_describe_the_state_after_the_step() -> None:
+    """What `/server_info` and the `oscar:*` gauges report once SGLang has processed a step's results
+    (the plug-in calls `oscar_after_step` after `Scheduler.process_batch_result`): the finished
+    request's pages are already released or in the tree, its locks gone, its staging pages back. The
+    runtime sees those events between steps (a flush, not a step), never during a forward, and never
+    ahead of the next batch's allocations."""
+    from prometheus_client import REGISTRY
+
+    from oscar_sgl.sglang.metrics import snapshot
+
+    def gauge(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {**labels, "tp_rank": "0"})
+
+    srv = Server("radix", pages=16, metrics=True)
+    a = srv.admit(_prompt(3, 20), gen=6, chunk=32)  # 26 tokens: pages 1-3 sealed, the 4th open
+    srv.extend([a])
+    for _ in range(6):
+        srv.decode([a])
+    srv.pool.oscar_after_step()  # a decode step's results: nothing finished yet
+    s = snapshot(srv.pool)
+    assert (s["pages"]["open"], s["pages"]["sealed"], s["tree_pages"]) == (1, 3, 0), s
+    assert gauge("oscar:pages", state="open") == 1 and gauge("oscar:pages", state="sealed") == 3
+
+    srv.finish(a)  # result processing: whole pages into the tree, the tail page released, unlock
+    steps = s["runtime_steps"]
+    srv.pool.oscar_after_step()
+    s = snapshot(srv.pool)
+    assert (s["pages"]["open"], s["pages"]["sealed"], s["tree_pages"], s["locked_pages"]) == (0, 3, 3, 0), s
+    assert s["staging_pages_in_use"] == 0 and s["pages"]["free"] == 16 - 3, s
+    assert s["runtime_steps"] == steps, "a flush between steps is not a step"
+    assert gauge("oscar:pages", state="open") == 0 and gauge("oscar:pages", state="sealed") == 3
+    assert gauge("oscar:staging_pages_in_use") == 0 and gauge("oscar:pages", state="free") == 13
+
+    # B reuses A's sealed pages. While B's batch is being scheduled (its lock and allocation are in
+    # the log) nothing is flushed: those events belong to B's step.
+    b = srv.admit(_prompt(3, 20) + [7, 7], gen=2, chunk=32)
+    assert b.protected == 16
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    out = srv.alloc.alloc_extend(t([16]), t([16]), t([22]), t([22]), t([int(b.row[15])]), 6)
+    assert not srv.pool.oscar_sync(), "flushed the next batch's allocation outside its step"
+    b.row[16:22] = out
+    b.seq_len = 22
+    srv.r2t.req_to_token[b.rid, :22] = b.row[:22].to(torch.int32)
+    fb = SimpleNamespace(req_pool_indices=torch.tensor([b.rid]), seq_lens=torch.tensor([22]),
+                         extend_prefix_lens=torch.tensor([16]), out_cache_loc=out)
+    srv.backend.init_forward_metadata(fb)  # B's step begins (one runtime call)
+    srv.steps += 1
+    srv.alloc.record_unlock(torch.zeros(0, dtype=torch.int64))  # an event logged mid-forward
+    assert not srv.pool.oscar_sync(), "flushed while a forward was under way"
+    for li, layer in enumerate(srv.layers):
+        k, v, q = kvq(b.tokens, 16, 22, li)
+        o = srv.backend.forward_extend(q.reshape(-1, HQ * D), k, v, layer, fb).reshape(-1, HQ, D)
+        for j, pos in enumerate(range(16, 22)):
+            torch.testing.assert_close(o[j], expected(b.tokens, pos, 16, li), atol=3e-5, rtol=3e-5)
+    srv.pool.oscar_after_step()
+    assert snapshot(srv.pool)["locked_pages"] == 2  # B still holds the shared prefix
+    for _ in range(2):
+        srv.decode([b])
+    srv.finish(b)
+    srv.pool.oscar_after_step()
+    s = snapshot(srv.pool)
+    assert (s["pages"]["open"], s["locked_pages"], s["staging_pages_in_use"]) == (0, 0, 0), s
+    srv.evict_all_and_check()  # the next steps deliver the map changes the flushes made

@@ -125,8 +125,15 @@ def test_oscar_server_end_to_end(model_path):
         # Page state comes from the Rust runtime behind the allocator (one call per step), and the
         # radix cache's inserts reach it: the tree holds sealed pages.
         assert oscar["runtime_steps"] > 0 and oscar["tree_pages"] > 0, oscar
+        # Every request has finished: the numbers are those after the last step (its finished
+        # requests' pages released or in the tree, locks gone, staging back), not one step behind.
+        assert (oscar["pages"]["open"], oscar["locked_pages"], oscar["staging_pages_in_use"]) == (0, 0, 0), oscar
+        assert oscar["pages"]["sealed"] == oscar["tree_pages"], oscar
         metrics = server.get("/metrics")
-        assert "oscar:compression_ratio" in metrics and 'oscar:pages{state="sealed"}' in metrics
+        assert "oscar:compression_ratio" in metrics, metrics
+        for line in ('oscar:pages{state="open",tp_rank="0"} 0.0', 'oscar:staging_pages_in_use{tp_rank="0"} 0.0',
+                     f'oscar:pages{{state="sealed",tp_rank="0"}} {float(oscar["pages"]["sealed"])}'):
+            assert line in metrics, (line, [m for m in metrics.splitlines() if m.startswith("oscar:")])
         # SGLang logs a harmless /freeze_gc connection traceback at startup on some runs; none may be ours.
         assert "oscar_sgl/" not in server.log(), server.log()[-3000:]
 

@@ -294,6 +294,19 @@ class OscarRuntime:
         plan, delta = self._rt.step(ops.astype("<i8", copy=False).tobytes(), ids.astype("<i8", copy=False).tobytes())
         return StepResult(seal_plan=_pairs(plan), map_delta=_pairs(delta))
 
+    def flush(self, batch: EventBatch) -> None:
+        """Apply, between two steps, the events that follow a step's forward (releases, radix
+        locks, unlocks, inserts), so :meth:`stats` describes the state after the step; the last
+        step's seals count as run, so their staging pages come back. Writes and allocations are
+        refused (``EventError``, nothing applied): they belong to the next :meth:`step`, which
+        also delivers the map changes made here."""
+        ops, ids = batch.arrays()
+        self.flush_arrays(ops, ids)
+
+    def flush_arrays(self, ops: IntArray, ids: IntArray) -> None:
+        """:meth:`flush` on prebuilt int64 arrays (the allocator's path)."""
+        self._rt.flush(ops.astype("<i8", copy=False).tobytes(), ids.astype("<i8", copy=False).tobytes())
+
     def check(self) -> None:
         """Audit every invariant (O(pages)); raises ``InvariantViolation``."""
         self._rt.check()

@@ -8,6 +8,7 @@ and `scripts/sglang_demo.py`.
 - The server runs from a neutral working directory (never the repository root), with one OpenMP
   thread, `--sleep-on-idle`, `--skip-server-warmup` and a bounded `--max-total-tokens`.
 - It is stopped by its PID (SIGTERM, then SIGKILL of its process group after a bounded wait).
+- Tensor parallelism on the CPU (`cpu_tp_env`): SGLang's own settings, nothing of ours.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ def server_env() -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return env
+
+
+def cpu_tp_env(tp_size: int) -> dict[str, str]:
+    """What `--device cpu --tp-size N` needs from SGLang 0.5.23 on this machine (validate.py,
+    `check_cpu_tensor_parallel`, says why): no PyNccl (PyPI's CUDA torch ships libnccl.so.2, which
+    SGLang would try to use on the CPU), so the TP all-reduce goes through torch.distributed on gloo;
+    and one OpenMP core list per rank, since this machine has fewer NUMA nodes than ranks (the ranks
+    share the cores round-robin)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return {"SGLANG_NCCL_SO_PATH": "none",
+            "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(cores[i % len(cores)]) for i in range(tp_size))}
 
 
 def free_port() -> int:
@@ -110,7 +122,7 @@ class Server:
 
 
 def launch(model_path: str, *extra_args: str, startup_timeout: float = 240, max_total_tokens: int = 4096,
-           cwd: Path | None = None) -> Server:
+           cwd: Path | None = None, env: dict[str, str] | None = None) -> Server:
     """Start the server and wait (bounded) for `/health` 200. Raises with the log tail on failure."""
     port = free_port()
     cwd = cwd or Path(tempfile.mkdtemp(prefix="oscar-sglang-"))
@@ -119,7 +131,7 @@ def launch(model_path: str, *extra_args: str, startup_timeout: float = 240, max_
            "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", str(max_total_tokens),
            "--sleep-on-idle", "--skip-server-warmup", "--dtype", "float32", *extra_args]
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=server_env(), stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**server_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     server = Server(proc, port, log_path, cwd, {"cmd": cmd})
     deadline = time.monotonic() + startup_timeout

@@ -6,7 +6,8 @@
 - `pool.OscarKVPool` — packed INT2/INT4 codes + fp16 params + fp32 token scales per page, BF16
   staging for open pages (docs/LAYOUT.md, paged).
 - `backend.OscarAttnBackend` — the `oscar` attention backend (torch reference on CPU).
-- `metrics` — compression ratio, pages by state, seals and staging use.
+- `metrics` — compression ratio, pages by state, seals and staging use, per TP rank, as of after
+  the last step.
 
 Importing this package imports nothing from SGLang or torch.
 """

@@ -39,6 +39,7 @@ from ..runtime import (
     OP_RELEASE,
     OP_SHARE,
     OP_UNLOCK,
+    OP_WRITE,
     OscarRuntime,
     StepResult,
 )
@@ -81,6 +82,10 @@ def _page_ids(slots: "torch.Tensor", page_size: int) -> "np.ndarray | torch.Tens
     return slots.reshape(-1) // page_size
 
 
+#: Events that write or open pages: only a step may apply them (the runtime refuses them in a flush).
+_STEP_OPS = frozenset((OP_EXTEND, OP_DECODE, OP_ALLOC, OP_WRITE))
+
+
 class _EventLog:
     """One step's events: host records plus page ids (host arrays, or device tensors copied to
     pinned host memory without a sync)."""
@@ -119,6 +124,11 @@ class _EventLog:
         self.event.record()
         # The numpy view is read only in drain(), after the event.
         self.ids.append(host.numpy())
+
+    def only_between_steps(self) -> bool:
+        """Whether every logged event may be flushed between two steps (none writes or opens a
+        page: each record is one event, its opcode first)."""
+        return self.pending_opens == 0 and not any(int(r[0]) in _STEP_OPS for r in self.ops)
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
         if self.event is not None:
@@ -185,6 +195,19 @@ def _allocator_class() -> type:
             after the scheduler's allocations and before the first layer."""
             ops, ids = self._oscar_log.drain()
             return self.oscar_runtime.step_arrays(ops, ids)
+
+        def oscar_flush(self) -> bool:
+            """Between two steps, hand the runtime the events logged since the last step when all
+            of them are result processing (releases, radix locks, unlocks, inserts), so its
+            statistics are the state after the step. A log holding an allocation or a write (the
+            next batch is being scheduled) stays for the next :meth:`oscar_step`. The caller makes
+            sure no forward is in progress (`OscarKVPool.oscar_sync`). Returns whether it flushed."""
+            log = self._oscar_log
+            if self._oscar is None or not log.ops or not log.only_between_steps():
+                return False
+            ops, ids = log.drain()
+            self._oscar.flush_arrays(ops, ids)
+            return True
 
         def _reserve_staging(self, new_pages: int) -> None:
             if self._oscar is None or new_pages == 0:
@@ -279,13 +302,51 @@ def _allocator_class() -> type:
                 self._log(OP_RELEASE, int(ids.numel()), None, ids.reshape(-1))
 
         def clear(self) -> None:
+            """SGLang's `clear()` (flush_cache, resize): every page free, here and in the runtime and
+            the pool (its page map and any seal plan it still holds)."""
             super().clear()
             if self._oscar is None:
                 return
             self._oscar_log.clear()
-            if self._oscar.num_pages < self.num_pages + 1:  # resize() grew the pool
-                self._oscar = self._oscar.resized(self.num_pages + 1)
+            if self._oscar.num_pages < self.num_pages + 1:
+                raise RuntimeError(
+                    f"OScaR allocator: {self.num_pages} pages exceed the runtime's {self._oscar.num_pages - 1}; "
+                    "the allocator was resized past its pool (use resize(), which refuses that)"
+                )
             self._oscar.reset()
+            on_clear = getattr(self._kvcache, "oscar_on_clear", None)
+            if on_clear is not None:
+                on_clear()
+
+        def oscar_page_capacity(self) -> int:
+            """Most pages this allocator may hand out: the pool's packed arrays, its page map and the
+            runtime are sized once, at construction (page 0 is SGLang's padding page)."""
+            pages = self.oscar_runtime.num_pages
+            pool_pages = getattr(self._kvcache, "num_pages", None)
+            if pool_pages is not None:
+                pages = min(pages, int(pool_pages))
+            return pages - 1
+
+        def resize(self, config: Any) -> None:
+            """SGLang's `resize(config)` (new `config.max_total_num_tokens`; every page is freed).
+
+            SGLang 0.5.23 calls it from one place only: `ModelRunner.post_capture_resize_kv_pool`
+            (kv_pool_runtime.py `compute_post_capture_kv_resize`), which the scheduler runs when
+            `token_to_kv_pool.post_capture_active`, i.e. for a pool reserved as virtual memory before
+            CUDA-graph capture and backed afterwards. An OScaR pool is never built that way
+            (`post_capture_active=False`, CUDA graphs off), so a server never gets here. Should it,
+            the pool, its page map and the runtime stay consistent: a resize within the pages they
+            were built with is applied (the runtime keeps its size, so every page id stays valid),
+            one past them is refused before anything changes: the packed arrays cannot grow."""
+            new_pages = int(config.max_total_num_tokens) // self.page_size
+            cap = self.oscar_page_capacity()
+            if new_pages > cap:
+                raise ValueError(
+                    f"--kv-cache oscar: cannot resize the KV allocator to {config.max_total_num_tokens} tokens "
+                    f"({new_pages} pages of {self.page_size}): the OScaR pool was built with {cap} pages "
+                    f"({cap * self.page_size} tokens) and its packed arrays, page map and runtime do not grow"
+                )
+            super().resize(config)
 
     return OscarPagedAllocator
 

@@ -1,9 +1,17 @@
 """OScaR numbers a server reports: in `/server_info` (`internal_states[i]["oscar"]`) always, and as
 Prometheus gauges on `/metrics` when the server runs with `--enable-metrics`.
 
-Gauges (multiprocess mode "mostrecent", like SGLang's own): `oscar:kv_bytes_per_token`,
+Both describe the state after the last scheduler step: the events SGLang logs while it processes a
+step's results (finished requests' pages released, radix inserts, unlocks) reach the Rust runtime
+right then (`OscarKVPool.oscar_sync`, from a hook on `Scheduler.process_batch_result` and before
+`/server_info` answers), not at the next step's forward.
+
+Gauges (multiprocess mode "mostrecent", like SGLang's own), each labelled `tp_rank` (every
+tensor-parallel rank has its own pool, runtime and token scales): `oscar:kv_bytes_per_token`,
 `oscar:bf16_bytes_per_token`, `oscar:compression_ratio`, `oscar:pages{state=sealed|open|free}`,
-`oscar:seals_per_step`, `oscar:seals_total`, `oscar:staging_pages_in_use`, `oscar:staging_pages_total`.
+`oscar:seals_per_step`, `oscar:seals_total`, `oscar:staging_pages_in_use`, `oscar:staging_pages_total`,
+`oscar:kv_heads` (this rank's KV heads) and `oscar:token_scale_columns` (fp32 token scales per token
+and layer on this rank: 1 for the `layer` scope, one per KV head for `head`).
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ def snapshot(pool: Any) -> dict[str, Any]:
     packed = cfg.bytes_per_token(h, d) * layers
     bf16 = bf16_cell_size_bytes(h, d, layers)
     st = pool.oscar_runtime.stats()
-    usable = pool.num_pages - 1  # page 0 is SGLang's padding page
+    alloc = getattr(pool, "_oscar_allocator", None)
+    # The pages SGLang's allocator hands out (page 0 is its padding page).
+    usable = int(alloc.num_pages) if alloc is not None else pool.num_pages - 1
+    capacity = int(alloc.size) if alloc is not None else pool.size
     return {
         "config": cfg.to_dict(),
         "layout_version": 1,
@@ -29,12 +40,17 @@ def snapshot(pool: Any) -> dict[str, Any]:
         "compression_ratio": bf16 / packed,
         "effective_bits": cfg.effective_bits(h, d),
         "page_size": pool.page_size,
+        "tp_rank": int(getattr(pool, "oscar_tp_rank", 0)),
+        "tp_size": int(getattr(pool, "oscar_tp_size", 1)),
+        # This rank's KV heads: under TP the `layer` norm scope is the norm over these heads only.
+        "kv_heads": h,
+        "token_scale_columns": int(cfg.scale_columns(h)),
         "pages": {"sealed": int(st.sealed_pages), "open": int(st.open_pages),
                   "free": max(0, usable - int(st.sealed_pages) - int(st.open_pages))},
         "tree_pages": int(st.tree_pages),
         "locked_pages": int(st.locked_pages),
-        "token_capacity": pool.size,
-        "bf16_tokens_same_bytes": int(pool.size * packed / bf16),
+        "token_capacity": capacity,
+        "bf16_tokens_same_bytes": int(capacity * packed / bf16),
         "staging_pages_in_use": int(st.staging_in_use),
         "staging_pages_total": int(st.staging_capacity),
         "staging_pages_peak": int(st.staging_high_water),
@@ -47,31 +63,41 @@ def snapshot(pool: Any) -> dict[str, Any]:
 
 
 class PrometheusGauges:
-    """Created in the scheduler process when `--enable-metrics` is on; updated once per step."""
+    """Created in the scheduler process when `--enable-metrics` is on; updated once per scheduler step,
+    after SGLang processed the step's results (`OscarKVPool.oscar_after_step`), so they show the state
+    after the step."""
 
-    def __init__(self) -> None:
+    def __init__(self, tp_rank: int = 0) -> None:
         from prometheus_client import Gauge
 
-        def g(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
-            return Gauge(name=name, documentation=doc, labelnames=labels, multiprocess_mode="mostrecent")
+        self.rank = str(tp_rank)
 
-        self.bytes = g("oscar:kv_bytes_per_token", "OScaR packed KV bytes per token (all layers).")
-        self.bf16 = g("oscar:bf16_bytes_per_token", "BF16 KV bytes per token (all layers), for comparison.")
+        def g(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return Gauge(name=name, documentation=doc, labelnames=labels + ("tp_rank",),
+                         multiprocess_mode="mostrecent")
+
+        self.bytes = g("oscar:kv_bytes_per_token", "OScaR packed KV bytes per token (all layers, this rank).")
+        self.bf16 = g("oscar:bf16_bytes_per_token", "BF16 KV bytes per token (all layers, this rank), for comparison.")
         self.ratio = g("oscar:compression_ratio", "BF16 bytes / OScaR packed bytes per token.")
         self.pages = g("oscar:pages", "OScaR pages by state.", ("state",))
         self.seals = g("oscar:seals_per_step", "Pages sealed in the last step.")
         self.seals_total = g("oscar:seals_total", "Pages sealed since start.")
         self.staging = g("oscar:staging_pages_in_use", "BF16 staging pages in use.")
         self.staging_total = g("oscar:staging_pages_total", "BF16 staging pages allocated.")
+        self.heads = g("oscar:kv_heads", "KV heads in this rank's pool.")
+        self.scale_cols = g("oscar:token_scale_columns", "fp32 token scales per token and layer on this rank.")
 
     def update(self, pool: Any) -> None:
         s = snapshot(pool)
-        self.bytes.set(s["kv_bytes_per_token"])
-        self.bf16.set(s["bf16_bytes_per_token"])
-        self.ratio.set(s["compression_ratio"])
+        r = self.rank
+        self.bytes.labels(tp_rank=r).set(s["kv_bytes_per_token"])
+        self.bf16.labels(tp_rank=r).set(s["bf16_bytes_per_token"])
+        self.ratio.labels(tp_rank=r).set(s["compression_ratio"])
         for state, n in s["pages"].items():
-            self.pages.labels(state=state).set(n)
-        self.seals.set(s["seals_last_step"])
-        self.seals_total.set(s["seals_total"])
-        self.staging.set(s["staging_pages_in_use"])
-        self.staging_total.set(s["staging_pages_total"])
+            self.pages.labels(state=state, tp_rank=r).set(n)
+        self.seals.labels(tp_rank=r).set(s["seals_last_step"])
+        self.seals_total.labels(tp_rank=r).set(s["seals_total"])
+        self.staging.labels(tp_rank=r).set(s["staging_pages_in_use"])
+        self.staging_total.labels(tp_rank=r).set(s["staging_pages_total"])
+        self.heads.labels(tp_rank=r).set(s["kv_heads"])
+        self.scale_cols.labels(tp_rank=r).set(s["token_scale_columns"])

@@ -174,11 +174,13 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         cfg, self.model_config, tp_size=get_parallel().attn_tp_size, use_mla=bool(self.use_mla_backend),
         is_hybrid_swa=bool(self.is_hybrid_swa), is_hybrid_linear=self.mambaish_config is not None,
     )
+    parallel = get_parallel()
     return pool_class_for(
         cfg,
         max_running_requests=getattr(self.server_args, "max_running_requests", None),
         enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
         max_prefill_tokens=_prefill_tokens(self.server_args),
+        tp_rank=int(parallel.tp_rank), tp_size=int(parallel.attn_tp_size),
     )
 
 
@@ -252,7 +254,18 @@ def _after_add_memory_usage(result: Any, self: Any, state: dict, *args: Any, **k
     if hasattr(pool, "oscar_config"):
         from .metrics import snapshot
 
+        pool.oscar_after_step()  # events logged since the last step's results (none, usually)
         state["oscar"] = snapshot(pool)
+    return result
+
+
+@_hook("sglang.srt.managers.scheduler.Scheduler.process_batch_result", "AFTER")
+def _after_process_batch_result(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """After a step's results are processed (finished requests released, radix inserts, unlocks):
+    the runtime gets those events now and the gauges show the state after the step."""
+    pool = self.token_to_kv_pool_allocator.get_kvcache()
+    if hasattr(pool, "oscar_after_step"):
+        pool.oscar_after_step()
     return result
 
 

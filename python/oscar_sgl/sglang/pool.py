@@ -90,13 +90,16 @@ def bf16_cell_size_bytes(num_kv_heads: int, head_dim: int, num_layers: int) -> i
 
 
 def pool_class_for(cfg: OscarConfig, *, max_running_requests: int | None, enable_metrics: bool = False,
-                   max_prefill_tokens: int | None = None, use_kernels: bool | None = None) -> type:
+                   max_prefill_tokens: int | None = None, use_kernels: bool | None = None,
+                   tp_rank: int = 0, tp_size: int = 1) -> type:
     """A subclass of `OscarKVPool` bound to `cfg`: SGLang constructs the pool class itself, with its
-    own fixed keyword arguments."""
+    own fixed keyword arguments. `tp_rank` / `tp_size` label this rank's metrics (each rank's pool
+    holds only its own KV heads, and its token scales are computed over them)."""
     return type("OscarKVPool", (pool_base(),), {"oscar_config": cfg, "oscar_max_requests": max_running_requests,
                                             "oscar_max_prefill_tokens": max_prefill_tokens,
                                             "oscar_use_kernels": use_kernels,
-                                            "oscar_enable_metrics": enable_metrics})
+                                            "oscar_enable_metrics": enable_metrics,
+                                            "oscar_tp_rank": tp_rank, "oscar_tp_size": tp_size})
 
 
 def _mha_base() -> type:
@@ -115,6 +118,8 @@ def _make_pool_class() -> type:
         oscar_max_prefill_tokens: int | None = None
         oscar_use_kernels: bool | None = None  # None: `kernels_wanted(device)`
         oscar_enable_metrics: bool = False
+        oscar_tp_rank: int = 0
+        oscar_tp_size: int = 1
 
         def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
                      layer_num: int, device: str, enable_memory_saver: bool, **kwargs: Any) -> None:
@@ -164,7 +169,7 @@ def _make_pool_class() -> type:
             if self.oscar_enable_metrics:
                 from .metrics import PrometheusGauges
 
-                self._gauges = PrometheusGauges()
+                self._gauges = PrometheusGauges(tp_rank=self.oscar_tp_rank)
                 self._gauges.update(self)
 
         # -- buffers ------------------------------------------------------------------------
@@ -245,8 +250,32 @@ def _make_pool_class() -> type:
             self._seal_plan = (torch.tensor(self._seal_host, dtype=torch.int32).to(self.device)
                                if self._seal_host else None)
             self._step_begun = True
+
+        def oscar_sync(self) -> bool:
+            """Between steps: the events SGLang logged after the last forward (finished requests'
+            releases, radix inserts, unlocks) reach the runtime now instead of at the next step, so
+            the page states and staging use it reports are those after the step. Skipped while a
+            forward is under way (its seals still need their staging pages) and when the log already
+            holds the next batch's allocations. Returns whether events were applied."""
+            alloc = self._oscar_allocator
+            if alloc is None or self._step_begun:
+                return False
+            return bool(alloc.oscar_flush())
+
+        def oscar_after_step(self) -> None:
+            """Once per scheduler step, after SGLang processed its results (plugin hook on
+            `Scheduler.process_batch_result`): sync, then update the Prometheus gauges."""
+            self.oscar_sync()
             if self._gauges is not None:
                 self._gauges.update(self)
+
+        def oscar_on_clear(self) -> None:
+            """The allocator was cleared (SGLang's flush_cache or resize) and the runtime reset:
+            no page is in staging and no seal is pending any more."""
+            self._seal_host = []
+            self._seal_plan = None
+            self._step_begun = False
+            self.page_map.fill_(-1)
 
         def oscar_page_states(self) -> dict[str, int]:
             s = self.oscar_runtime.stats()

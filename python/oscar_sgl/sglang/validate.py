@@ -9,6 +9,7 @@ Two stages:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..config import OscarConfig, OscarConfigError
@@ -98,6 +99,40 @@ def check_server_args(ns: Any, cfg: OscarConfig) -> None:
     for bad, flag, why in rejected:
         if bad:
             raise OscarStartupError(f"--kv-cache oscar is not compatible with {flag}: {why}")
+    check_cpu_tensor_parallel(ns)
+
+
+def check_cpu_tensor_parallel(ns: Any) -> None:
+    """`--device cpu --tp-size N` (N > 1) with a CUDA build of torch (PyPI's default) crashes in
+    SGLang 0.5.23 before the model loads: `init_model_parallel_group` asks for a PyNccl communicator
+    for every TP group (parallel_state.py, `use_pynccl = not (_is_npu or _is_xpu or ...)`), which
+    loads `libnccl.so.2` when it can (pynccl_wrapper.py `find_nccl_library`) and then enters
+    `torch.cuda.device("cpu")` (pynccl.py) -> "Expected a cuda device, but got: cpu". SGLang's own
+    fallback (a CPU build of torch, or an NCCL library that does not load) disables PyNccl and
+    all-reduces through `torch.distributed` on the gloo group; `SGLANG_NCCL_SO_PATH` pointing at no
+    library selects that fallback. Say so here, at startup, instead of deep in a scheduler."""
+    if getattr(ns, "device", None) != "cpu" or int(getattr(ns, "tp_size", 1) or 1) <= 1:
+        return
+    if os.environ.get("SGLANG_NCCL_SO_PATH"):
+        return
+    import ctypes
+
+    import torch
+
+    if torch.version.cuda is None:
+        return
+    try:
+        ctypes.CDLL("libnccl.so.2")
+    except OSError:
+        return
+    raise OscarStartupError(
+        f"--kv-cache oscar --device cpu --tp-size {ns.tp_size}: this CUDA build of torch ships "
+        "libnccl.so.2, so SGLang 0.5.23 would build a PyNccl communicator on the CPU and fail "
+        "('Expected a cuda device, but got: cpu'); set SGLANG_NCCL_SO_PATH=none (a path that does "
+        "not load) so SGLang all-reduces through torch.distributed (gloo), and on a machine with "
+        "fewer NUMA nodes than ranks set SGLANG_CPU_OMP_THREADS_BIND to one core list per rank "
+        "(e.g. '0|1|0')"
+    )
 
 
 def check_model(cfg: OscarConfig, model_config: Any, *, tp_size: int, use_mla: bool,

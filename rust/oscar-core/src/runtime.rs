@@ -392,17 +392,7 @@ impl Runtime {
         if self.delivered {
             self.plan.clear();
             self.delta.clear();
-            // Last step's seals have run (stream order): their slots go back to the pool.
-            let pending = std::mem::take(&mut self.pending);
-            for &(page, slot) in &pending {
-                let i = page as usize;
-                if self.map[i] == slot {
-                    self.set_map(i, NO_SLOT);
-                }
-                self.free_slots.push(slot);
-            }
-            self.pending = pending;
-            self.pending.clear();
+            self.retire_pending();
             self.stats.seals_last_step = 0;
         }
         self.delivered = false;
@@ -420,6 +410,61 @@ impl Runtime {
         self.stats.steps += 1;
         self.stats.max_seals_per_step = self.stats.max_seals_per_step.max(self.stats.seals_last_step);
         Ok(StepOutput { seal_plan: &self.plan, map_delta: &self.delta })
+    }
+
+    /// Last step's seals have been enqueued after its forward (stream order): their slots go back
+    /// to the pool, and the map entries that still name them are reset (delivered by the next step).
+    fn retire_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        for &(page, slot) in &pending {
+            let i = page as usize;
+            if self.map[i] == slot {
+                self.set_map(i, NO_SLOT);
+            }
+            self.free_slots.push(slot);
+        }
+        self.pending = pending;
+        self.pending.clear();
+    }
+
+    /// Apply the events that follow a step's forward (SGLang's result processing: releases,
+    /// radix-cache locks, unlocks and inserts) *between* steps, so that [`Runtime::stats`] describes
+    /// the state after the step rather than before the next one.
+    ///
+    /// Only [`OP_RELEASE`], [`OP_LOCK`], [`OP_UNLOCK`] and [`OP_SHARE`] are accepted: writes and
+    /// allocations open and fill pages, whose seal plan and map changes only a [`Runtime::step`]
+    /// delivers (a batch holding one is refused whole, before anything is applied). When the last
+    /// step was delivered its seals have been enqueued (the caller flushes only after the step's
+    /// forward), so their staging slots come back here, exactly as at the next step's start. Map
+    /// changes made here are delivered by the next step; no step is counted.
+    pub fn flush(&mut self, ops: &[i64], ids: &[i64]) -> Result<()> {
+        self.validate(ops, ids)?;
+        let mut at = 0usize;
+        while at < ops.len() {
+            let (op, n) = (ops[at], ops[at + 1] as usize);
+            let args = match op {
+                OP_EXTEND => 2 * n,
+                OP_DECODE | OP_WRITE => n,
+                _ => 0,
+            };
+            if matches!(op, OP_EXTEND | OP_DECODE | OP_WRITE | OP_ALLOC) {
+                return Err(Error::Event {
+                    at,
+                    why: format!(
+                        "opcode {op} writes or opens pages: it belongs to a step, not to a flush between steps"
+                    ),
+                });
+            }
+            at += 2 + args;
+        }
+        if self.delivered {
+            self.plan.clear();
+            self.retire_pending();
+        }
+        self.apply(ops, ids)?;
+        #[cfg(debug_assertions)]
+        self.check().map_err(|violation| Error::Invariant { violation, event: None })?;
+        Ok(())
     }
 
     /// Structural check of a whole batch before any of it is applied, so a malformed batch
@@ -880,6 +925,40 @@ mod tests {
         r.step(&[], &[]).unwrap();
         assert_eq!(r.staging_free(), 3);
         r.check().unwrap();
+    }
+
+    #[test]
+    fn flush_between_steps_reports_the_state_after_the_step() {
+        let mut r = rt(8, 3);
+        // Prefill 6 tokens: page 1 fills (sealed, slot 0 queued), page 2 holds 2 (slot 1).
+        r.step(&[OP_EXTEND, 1, 0, 6], &[1, 2]).unwrap();
+        let s = r.stats();
+        assert_eq!((s.open_pages, s.sealed_pages, s.tree_pages, s.staging_in_use), (1, 1, 0, 2));
+        // After the forward the request finishes: page 1 goes to the tree, page 2 is released.
+        r.flush(&[OP_SHARE, 1, OP_RELEASE, 1], &[1, 2]).unwrap();
+        let s = r.stats();
+        assert_eq!((s.open_pages, s.sealed_pages, s.tree_pages, s.staging_in_use), (0, 1, 1, 0));
+        assert_eq!((s.steps, s.seals_last_step), (1, 1), "a flush is not a step");
+        r.check().unwrap();
+        // The map changes it made are delivered by the next step, with no seal planned again.
+        let out = r.step(&[], &[]).unwrap();
+        assert!(out.seal_plan.is_empty());
+        let mut delta: Vec<_> = out.map_delta.chunks(2).map(|c| (c[0], c[1])).collect();
+        delta.sort();
+        assert_eq!(delta, vec![(1, NO_SLOT), (2, NO_SLOT)]);
+        assert_eq!(r.staging_free(), 3);
+        // Writes and allocations belong to a step: refused whole, nothing applied.
+        for (ops, ids) in [
+            (vec![OP_RELEASE, 1, OP_ALLOC, 1], vec![1, 3]),
+            (vec![OP_EXTEND, 1, 0, 2], vec![3]),
+            (vec![OP_DECODE, 1, 1], vec![3]),
+            (vec![OP_WRITE, 1, 1], vec![3]),
+        ] {
+            let before = r.clone();
+            assert!(matches!(r.flush(&ops, &ids), Err(Error::Event { .. })), "{ops:?}");
+            assert_eq!(r.stats(), before.stats());
+            assert_eq!(r.page_info(1).unwrap(), before.page_info(1).unwrap());
+        }
     }
 
     #[test]

@@ -65,6 +65,8 @@ enum Action {
     Retract(usize),
     Evict(usize),
     Flush,
+    /// Between two steps: the events so far go to `Runtime::flush` (refused if they write).
+    Settle,
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -79,6 +81,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => (0..8usize).prop_map(Action::Retract),
         1 => (1..6usize).prop_map(Action::Evict),
         4 => Just(Action::Flush),
+        2 => Just(Action::Settle),
     ]
 }
 
@@ -114,6 +117,8 @@ struct Coverage {
     decodes: usize,
     retractions: usize,
     exhausted: usize,
+    /// Flushes between steps that were applied (not refused for holding writes).
+    settles: usize,
 }
 
 impl Sim {
@@ -468,8 +473,54 @@ impl Sim {
             Action::Evict(n) => {
                 self.evict(n);
             }
-            Action::Flush => {}
+            Action::Flush | Action::Settle => {}
         }
+    }
+
+    /// SGLang's result processing between two steps (releases, radix inserts, locks, unlocks) goes
+    /// to the runtime through `flush`, so its statistics are those after the step: checked against
+    /// the model, with no staging slot held but the open pages' (the last step's seals have run). A
+    /// batch that writes or opens pages belongs to a step: it is refused whole and kept for it.
+    fn settle(&mut self) -> Result<(), TestCaseError> {
+        let mut at = 0;
+        let mut writes = false;
+        while at < self.ops.len() {
+            let (op, n) = (self.ops[at], self.ops[at + 1] as usize);
+            writes |= matches!(op, OP_EXTEND | OP_DECODE | OP_WRITE | OP_ALLOC);
+            at += 2 + match op {
+                OP_EXTEND => 2 * n,
+                OP_DECODE | OP_WRITE => n,
+                _ => 0,
+            };
+        }
+        if writes {
+            let before = self.rt.clone();
+            let res = self.rt.flush(&self.ops, &self.ids);
+            prop_assert!(matches!(res, Err(Error::Event { .. })), "a flush with writes was accepted: {:?}", res);
+            prop_assert_eq!(self.rt.stats(), before.stats());
+            prop_assert_eq!(self.rt.page_to_staging(), before.page_to_staging());
+            return Ok(());
+        }
+        self.rt.flush(&self.ops, &self.ids).map_err(|e| TestCaseError::fail(format!("flush failed: {e}")))?;
+        self.ops.clear();
+        self.ids.clear();
+        self.seen.settles += 1;
+        let s = self.rt.stats();
+        let count = |st: St| self.pages.iter().filter(|p| p.st == st).count() as u64;
+        prop_assert_eq!(
+            (s.free_pages, s.open_pages, s.sealed_pages, s.staging_in_use),
+            (count(St::Free), count(St::Open), count(St::Sealed), count(St::Open))
+        );
+        prop_assert_eq!(s.locked_pages, self.pages.iter().filter(|p| p.locks > 0).count() as u64);
+        prop_assert_eq!(s.tree_pages, self.pages.iter().filter(|p| p.tree).count() as u64);
+        for (i, pg) in self.pages.iter().enumerate() {
+            let info = self.rt.page_info(i as u32).unwrap();
+            prop_assert_eq!((info.locks, info.owner == Owner::Tree), (pg.locks, pg.tree), "page {}", i);
+        }
+        if let Err(v) = self.rt.check() {
+            return Err(TestCaseError::fail(format!("check after flush: {v}")));
+        }
+        Ok(())
     }
 
     /// One scheduler step: the batch goes to the runtime; outputs checked against the model.
@@ -564,6 +615,9 @@ proptest! {
         let mut sim = Sim::new(pages, 2 * pages);
         for a in &actions {
             sim.run(a);
+            if matches!(a, Action::Settle) {
+                sim.settle()?;
+            }
             if matches!(a, Action::Flush) && !sim.flush()? {
                 return Ok(());
             }
@@ -580,6 +634,9 @@ proptest! {
         let mut sim = Sim::new(pages, cap);
         for a in &actions {
             sim.run(a);
+            if matches!(a, Action::Settle) {
+                sim.settle()?;
+            }
             if matches!(a, Action::Flush) && !sim.flush()? {
                 return Ok(());
             }
@@ -637,6 +694,9 @@ fn generator_covers_the_cases() {
         let mut alive = true;
         for a in &actions {
             sim.run(a);
+            if matches!(a, Action::Settle) {
+                sim.settle().unwrap();
+            }
             if matches!(a, Action::Flush) {
                 alive = sim.flush().unwrap();
                 if !alive {
@@ -658,6 +718,7 @@ fn generator_covers_the_cases() {
         total.decodes += s.decodes;
         total.retractions += s.retractions;
         total.exhausted += s.exhausted;
+        total.settles += s.settles;
     }
     eprintln!("{total:?}");
     let c = total;
@@ -672,6 +733,7 @@ fn generator_covers_the_cases() {
         ("decode rows", c.decodes),
         ("retractions", c.retractions),
         ("exhaustions", c.exhausted),
+        ("flushes between steps", c.settles),
     ] {
         assert!(n >= 20, "the trace generator produced only {n} {what}");
     }

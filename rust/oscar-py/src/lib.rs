@@ -302,6 +302,15 @@ impl Runtime {
         Ok((i32_bytes(py, &plan), i32_bytes(py, &delta)))
     }
 
+    /// Apply between two steps the events that follow a step's forward (release, lock, unlock,
+    /// share; `ops`, `ids` as for `step`), so `stats()` is the state after the step. Writes and
+    /// allocations are refused (`EventError`); map changes come with the next `step`.
+    fn flush(&mut self, py: Python<'_>, ops: &[u8], ids: &[u8]) -> PyResult<()> {
+        let ops = i64s(py, ops, "ops")?;
+        let ids = i64s(py, ids, "ids")?;
+        self.inner.flush(&ops, &ids).map_err(|e| to_py_err(py, e))
+    }
+
     /// Audit every invariant; raises `InvariantViolation`.
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         let inner = &self.inner;
