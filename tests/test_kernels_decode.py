@@ -97,6 +97,26 @@ def test_decode_group_sizes_and_tiles(bits, k_group, v_group, p, block_n, nan_em
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
+@pytest.mark.parametrize("bits,d,group,transposed,prefetch", [(2, 64, 4, True, False), (4, 64, 1, True, True), (2, 128, 8, False, True),
+                                                           (4, 64, 3, True, True)])
+def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefetch, nan_empty):
+    """Tokens as the M side of the products (query heads padded to 8 columns) and the register
+    double-buffered loop: the reference, and the plain path up to fp16 rounding, for one split
+    (long loops: the prefetch of a tile's next page, the masked prefetch past the end) and several
+    (empty splits)."""
+    p = 32
+    cfg = OscarConfig(bits=bits, residual=p)
+    pool = build_pool(cfg, h=2, d=d, p=p, lens=[1, p + 1, 5 * p + 3, 2 * p], last_sealed={3}, seed=30 + bits + group)
+    q = torch.randn(4, 2 * group, d).bfloat16().to(DEVICE)
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
+    for splits in (1, 3):
+        plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=16, transposed=False, prefetch=False)
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=16, transposed=transposed,
+                      prefetch=prefetch)  # fmt: skip
+        assert rel_rms(out, ref) < ATTN_BOUND_FP32_OUT
+        assert rel_rms(out, plain) < 1e-3
+
+
 def test_decode_after_write_with_fused_query_rotation(nan_empty):
     """One decode step as the backend runs it: the write launch stages the new token and rotates
     the query; decode reads the rotated query; then compare with the reference."""
@@ -191,19 +211,24 @@ def test_decode_cuda_graph_shape_does_not_depend_on_lengths(nan_empty):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("block_n,num_warps", [(32, 4), (64, 4), (64, 2), (32, 1), (None, None)])
-def test_decode_gpu_real_sizes(bits, block_n, num_warps, nan_empty):
-    """Llama-3.1-8B attention shape on CUDA with the inline-PTX dequantization."""
+@pytest.mark.parametrize(
+    "block_n,num_warps,transposed,prefetch",
+    [(32, 4, False, False), (64, 4, False, False), (64, 2, False, False), (32, 1, False, False), (32, 1, True, False),
+     (32, 1, True, True), (32, 1, False, True), (64, 2, True, True), (16, 1, True, True), (None, None, None, None)],
+)
+def test_decode_gpu_real_sizes(bits, block_n, num_warps, transposed, prefetch, nan_empty):
+    """Llama-3.1-8B attention shape on CUDA with the inline-PTX dequantization, every stage-1 variant."""
     p, h, g, d = 128, 8, 4, 128
     cfg = OscarConfig(bits=bits, residual=p)
     lens = [4096 + 77, 128, 1, 8192, 129, 3 * 128]
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed={1, 5}, kinds={4: "mixed"}, device=torch.device("cuda"), seed=8)
     q = torch.randn(len(lens), h * g, d).bfloat16().cuda()
     ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
-    out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), block_n=block_n, num_warps=num_warps)
+    tune = dict(block_n=block_n, num_warps=num_warps, transposed=transposed, prefetch=prefetch)
+    out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), **tune)
     err = rel_rms(out, ref)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
-    out16 = _decode(pool, q, block_n=block_n, num_warps=num_warps)
+    out16 = _decode(pool, q, **tune)
     assert rel_rms(out16, ref) < ATTN_BOUND_BF16_OUT
 
 

@@ -255,9 +255,11 @@ def dequant_keys(words, s_pk, o_pk, NGT: tl.constexpr, GT: tl.constexpr, W: tl.c
 
 
 @triton.jit
-def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr,
+                   TRANS: tl.constexpr = False):
     """Values of a tile: int32 words ``[N, W]`` and the packed (even, odd token) params of
-    ``value_params`` -> fp16 ``[N, D]`` in channel order, token pairs interleaved for P.V."""
+    ``value_params`` -> fp16 ``[N, D]`` in channel order, token pairs interleaved for P.V
+    (``TRANS``: ``[D, N]``, the A operand of ``V^T P^T``)."""
     J: tl.constexpr = 8 // BITS
     w_e, w_o = tl.split(tl.permute(tl.reshape(words, (N // 2, 2, W)), (0, 2, 1)))
     lo, hi = pair_halves(w_e, w_o)  # channels [0, HALF) / [HALF, 2*HALF) of the word, both tokens
@@ -276,13 +278,87 @@ def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl
     )
     # Built as V^T then transposed: the transpose lets the layout engine place the values straight
     # into the MMA operand registers, as it does for the keys.
-    v_t = tl.permute(tl.join(v_e, v_o), (1, 2, 3, 4, 0, 5))  # [W, 2, 2, J, N/2, 2]
-    return tl.trans(tl.reshape(v_t, (W * 4 * J, N)))
+    v_t = tl.reshape(tl.permute(tl.join(v_e, v_o), (1, 2, 3, 4, 0, 5)), (W * 4 * J, N))  # [W, 2, 2, J, N/2, 2]
+    if TRANS:
+        return v_t
+    else:
+        return tl.trans(v_t)
 
 
 # ---------------------------------------------------------------------------------------------
 # Attention tiles shared by the decode and extend kernels (online softmax in base 2)
 # ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def tile_raw(page, t0, i_h, s_col, valid, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: tl.constexpr, D: tl.constexpr,
+             BITS: tl.constexpr, P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``),
+    as loaded (nothing when ``valid`` is false: a prefetch past the end):
+    ``(key params [NGT, D], key codes [BLOCK_N, W], s_t [BLOCK_N], value params [BLOCK_N, NG],
+    value codes [BLOCK_N, W])``.
+
+    The pool arrays come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
+    ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs): every load is one
+    contiguous block of >= 4-byte elements. Without token scaling s_t is 1."""
+    W: tl.constexpr = D * BITS // 32
+    NG: tl.constexpr = D // G_V
+    GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
+    NGT: tl.constexpr = BLOCK_N // GT
+    o_n = t0 + tl.arange(0, BLOCK_N)
+    o_row = (page * H + i_h) * P + o_n
+    o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
+    o_w = tl.arange(0, W)
+    kp = tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :], mask=valid, other=0)
+    kw = tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
+    if S > 0:
+        st = tl.load(scale_ptr + (page * P + o_n) * S + s_col, mask=valid, other=0.0)
+    else:
+        st = tl.full([BLOCK_N], 1.0, tl.float32)
+    vp = tl.load(vp_ptr + o_row[:, None] * NG + tl.arange(0, NG)[None, :], mask=valid, other=0)
+    vw = tl.load(vw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
+    return kp, kw, st, vp, vw
+
+
+@triton.jit
+def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.constexpr, BITS: tl.constexpr,
+               G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr):
+    """One online-softmax step over a sealed tile given its stored bytes (``tile_raw``): keys and
+    values dequantized in registers (fp16, one rounding), logits ``s_t * <q, k_bar> * sm_scale``
+    (base 2).
+
+    ``TRANS=False``: ``q`` ``[M, D]`` fp16 query rows in the ``channel_of`` order, ``acc`` ``[M, D]``
+    fp32 (channel order), ``m_i`` / ``l_i`` ``[M]``. ``TRANS=True`` (decode, few query rows): the
+    tokens are the M side of both products and the query heads the N side (``S^T = K Q^T``,
+    ``O^T += V^T P^T``), so a GQA group of 4 pads to 8 columns instead of 16 rows: half the
+    tensor-core instructions, exponentials and accumulator registers; ``q`` ``[D, G]``, ``acc``
+    ``[D, G]``, ``m_i`` / ``l_i`` ``[G]``."""
+    W: tl.constexpr = D * BITS // 32
+    NG: tl.constexpr = D // G_V
+    GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
+    NGT: tl.constexpr = BLOCK_N // GT
+    s_pk, o_pk = key_params(kp, NGT, W, BITS)
+    b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
+    vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W)
+    b_st = st * sm_scale_log2
+    if TRANS:
+        b_s = tl.dot(b_k, q) * b_st[:, None]
+        m_new = tl.maximum(m_i, tl.max(b_s, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        b_p = tl.exp2(b_s - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(b_p, axis=0)
+        v_t = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, True)
+        acc = acc * alpha[None, :] + tl.dot(v_t, b_p.to(tl.float16))
+    else:
+        b_s = tl.dot(q, tl.trans(b_k)) * b_st[None, :]
+        m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        b_p = tl.exp2(b_s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(b_p, axis=1)
+        b_v = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, False)
+        acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -310,42 +386,14 @@ def sealed_tile(
     S: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_ASM: tl.constexpr,
+    TRANS: tl.constexpr = False,
 ):
-    """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against query rows ``q``.
-
-    The pool arrays come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
-    ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs). Every load is one
-    contiguous block of >= 4-byte elements, so Triton's software pipeliner prefetches it.
-    ``q``: ``[M, D]`` fp16 rotated queries in the ``channel_of`` order. Keys and values are
-    dequantized in registers (fp16, one rounding); logits are ``s_t * <q, k_bar> * sm_scale``;
-    ``acc`` is ``[M, D]`` fp32 in channel order.
-    """
-    W: tl.constexpr = D * BITS // 32
-    NG: tl.constexpr = D // G_V
-    GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
-    NGT: tl.constexpr = BLOCK_N // GT
-    o_n = t0 + tl.arange(0, BLOCK_N)
-    o_row = (page * H + i_h) * P + o_n
-    o_w = tl.arange(0, W)
-    o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
-    s_pk, o_pk = key_params(tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :]), NGT, W, BITS)
-    b_k = dequant_keys(tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :]), s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
-    b_qk = tl.dot(q, tl.trans(b_k))
-    if S > 0:
-        b_st = tl.load(scale_ptr + (page * P + o_n) * S + s_col)
-        b_qk = b_qk * (b_st * sm_scale_log2)[None, :]
-    else:
-        b_qk = b_qk * sm_scale_log2
-
-    m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    b_p = tl.exp2(b_qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(b_p, axis=1)
-
-    vs_pk, vo_pk = value_params(tl.load(vp_ptr + o_row[:, None] * NG + tl.arange(0, NG)[None, :]), BLOCK_N, NG, W)
-    b_v = dequant_values(tl.load(vw_ptr + o_row[:, None] * W + o_w[None, :]), vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM)
-    acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
-    return m_new, l_i, acc
+    """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against the queries
+    ``q``: ``tile_raw`` then ``attend_raw`` (shapes there). The loads are plain blocks, which
+    Triton's software pipeliner prefetches when the caller's loop allows it."""
+    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
+                                  H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+    return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)
 
 
 @triton.jit
@@ -366,29 +414,48 @@ def staging_tile(
     P: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BF16_DOT: tl.constexpr,
+    TRANS: tl.constexpr = False,
 ):
     """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, read BF16 (rotated)
-    from staging slot ``stg``, against bf16 rotated query rows ``qb`` ``[M, D]`` (channel order).
+    from staging slot ``stg``, against bf16 rotated queries ``qb`` in channel order: ``[M, D]`` rows,
+    or ``[D, G]`` columns with ``TRANS`` (shapes as in ``attend_raw``).
 
     ``BF16_DOT=False`` (interpreter) upcasts the operands to fp32 after a round-to-nearest bf16
     rounding: the interpreter's dot multiplies the raw bits of bf16 operands and its cast truncates.
     """
     o_t = t0 + tl.arange(0, BLOCK_T)
     m_t = o_t < n_valid
-    o_kv = ((stg * H + i_h) * P + o_t)[:, None] * D + tl.arange(0, D)[None, :]
-    b_k = tl.load(stg_k_ptr + o_kv, mask=m_t[:, None], other=0.0)
-    if BF16_DOT:
-        b_qk = tl.dot(qb, tl.trans(b_k))
+    o_d = tl.arange(0, D)
+    o_tok = (stg * H + i_h) * P + o_t
+    b_k = tl.load(stg_k_ptr + o_tok[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
+    if TRANS:
+        if BF16_DOT:
+            b_s = tl.dot(b_k, qb)
+        else:
+            b_s = tl.dot(b_k.to(tl.float32), qb.to(tl.float32))
+        b_s = tl.where(m_t[:, None], b_s * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        b_p = tl.exp2(b_s - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(b_p, axis=0)
+        b_vt = tl.load(stg_v_ptr + o_tok[None, :] * D + o_d[:, None], mask=m_t[None, :], other=0.0)
+        if BF16_DOT:
+            acc = acc * alpha[None, :] + tl.dot(b_vt, b_p.to(tl.bfloat16))
+        else:
+            acc = acc * alpha[None, :] + tl.dot(b_vt.to(tl.float32), to_bf16_rne(b_p).to(tl.float32))
     else:
-        b_qk = tl.dot(qb.to(tl.float32), tl.trans(b_k.to(tl.float32)))
-    b_qk = tl.where(m_t[None, :], b_qk * sm_scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    b_p = tl.exp2(b_qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(b_p, axis=1)
-    b_v = tl.load(stg_v_ptr + o_kv, mask=m_t[:, None], other=0.0)
-    if BF16_DOT:
-        acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.bfloat16), b_v)
-    else:
-        acc = acc * alpha[:, None] + tl.dot(to_bf16_rne(b_p).to(tl.float32), b_v.to(tl.float32))
+        if BF16_DOT:
+            b_s = tl.dot(qb, tl.trans(b_k))
+        else:
+            b_s = tl.dot(qb.to(tl.float32), tl.trans(b_k.to(tl.float32)))
+        b_s = tl.where(m_t[None, :], b_s * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        b_p = tl.exp2(b_s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(b_p, axis=1)
+        b_v = tl.load(stg_v_ptr + o_tok[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
+        if BF16_DOT:
+            acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.bfloat16), b_v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(to_bf16_rne(b_p).to(tl.float32), b_v.to(tl.float32))
     return m_new, l_i, acc

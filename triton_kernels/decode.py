@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, to_bf16_rne, use_asm
+from .common import attend_raw, channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, tile_raw, to_bf16_rne, use_asm
 from .write import load_rotated, write_token
 
 
@@ -55,6 +55,16 @@ def merge_partials(part_o_ptr, part_lse_ptr, base, m_rows, n_part, ROWS: tl.cons
         l = l * alpha + tl.sum(w, axis=1)
         m = m_new
     return acc / tl.where(l > 0.0, l, 1.0)[:, None]
+
+
+@triton.jit
+def load_queries(qrot_ptr, o_q, m_r, o_c, TRANS: tl.constexpr):
+    """Rotated fp32 queries of the rows at offsets ``o_q`` (masked by ``m_r``), channels in the
+    order ``o_c``: ``[rows, D]``, or ``[D, rows]`` for the transposed tiles."""
+    if TRANS:
+        return tl.load(qrot_ptr + o_q[None, :] + o_c[:, None], mask=m_r[None, :], other=0.0)
+    else:
+        return tl.load(qrot_ptr + o_q[:, None] + o_c[None, :], mask=m_r[:, None], other=0.0)
 
 
 @triton.jit
@@ -111,6 +121,8 @@ def _decode_stage1_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     CHUNK: tl.constexpr,
+    TRANS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -153,48 +165,75 @@ def _decode_stage1_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D], tl.float32)
-    o_q = (i_b * HQ + o_hq)[:, None] * D
+    if TRANS:
+        acc = tl.zeros([D, BLOCK_H], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, D], tl.float32)
+    o_q = (i_b * HQ + o_hq) * D
     if i_s < n_split:
         # Sealed pages [0, n_pages - 1), split evenly by tiles of BLOCK_N tokens.
         n_tiles = (n_pages - 1) * TPP
         per = tl.cdiv(n_tiles, n_split)
         t_lo = i_s * per
         t_hi = tl.minimum(t_lo + per, n_tiles)
-        b_q = tl.load(qrot_ptr + o_q + channel_of(o_d, BITS)[None, :], mask=m_r[:, None], other=0.0).to(tl.float16)
-        for it in range(t_lo, t_hi):
-            page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
-            m_i, l_i, acc = sealed_tile(
-                b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
-                kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
-                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
-            )  # fmt: skip
+        b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
+        if PREFETCH:
+            # Register double buffering: the loads of tile it + 1 are issued before tile it is
+            # computed (page ids one tile further ahead), so every tile's HBM latency overlaps the
+            # previous tile's math. (Triton's pipeliner single-buffers these page-indirect loads.)
+            pg_idx = page_idx_ptr + kv_start
+            page = tl.load(pg_idx + t_lo // TPP, mask=t_lo < t_hi, other=0).to(tl.int64)
+            page_n = tl.load(pg_idx + (t_lo + 1) // TPP, mask=t_lo + 1 < t_hi, other=0).to(tl.int64)
+            kp, kw, st, vp, vw = tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, t_lo < t_hi,
+                                          kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+            for it in tl.range(t_lo, t_hi, num_stages=1):
+                page_nn = tl.load(pg_idx + (it + 2) // TPP, mask=it + 2 < t_hi, other=0).to(tl.int64)
+                kp_n, kw_n, st_n, vp_n, vw_n = tile_raw(
+                    page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi,
+                    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N,
+                )  # fmt: skip
+                m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
+                                           D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)  # fmt: skip
+                kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
+                page_n = page_nn
+        else:
+            for it in range(t_lo, t_hi):
+                page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
+                m_i, l_i, acc = sealed_tile(
+                    b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
+                    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
+                )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
         stg = tl.load(p2s_ptr + page).to(tl.int64)
         if stg >= 0:
             n_valid = seq_len - (n_pages - 1) * P
-            b_qb = to_bf16_rne(tl.load(qrot_ptr + o_q + o_d[None, :], mask=m_r[:, None], other=0.0))
+            b_qb = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
             for t0 in range(0, n_valid, BLOCK_T):
                 m_i, l_i, acc = staging_tile(
                     b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
-                    stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET,
+                    stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
                 )  # fmt: skip
         else:
-            b_q = tl.load(qrot_ptr + o_q + channel_of(o_d, BITS)[None, :], mask=m_r[:, None], other=0.0).to(tl.float16)
+            b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
             for t0 in range(0, P, BLOCK_N):
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, t0, i_h, s_col, m_i, l_i, acc,
                     kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
                 )  # fmt: skip
 
     # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
     has = l_i > 0.0
-    b_o = acc / tl.where(has, l_i, 1.0)[:, None]
     b_lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     o_part = (i_b * HQ + o_hq) * (n_split + 1) + i_s
-    tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+    if TRANS:
+        b_o = acc / tl.where(has, l_i, 1.0)[None, :]
+        tl.store(part_o_ptr + o_part[None, :] * D + o_d[:, None], b_o, mask=m_r[None, :])
+    else:
+        b_o = acc / tl.where(has, l_i, 1.0)[:, None]
+        tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
     tl.store(part_lse_ptr + o_part, b_lse, mask=m_r)
     if MERGE:
         # The merge, fused: the last of the n_split + 1 programs of (b, h) to finish merges all
@@ -339,6 +378,8 @@ def oscar_decode_attention(
     num_warps: int | None = None,
     num_stages: int = 3,
     maxnreg: int | None = None,
+    transposed: bool | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over sealed INT2/INT4 pages plus each request's open BF16 page.
 
@@ -372,9 +413,10 @@ def oscar_decode_attention(
             False runs the separate merge launch. None: fused when it takes at most two block loads
             per row (few splits, i.e. batches of 16+ requests at 8 KV heads); with many splits
             (small batches) the separate, wider merge launch is faster on an H200.
-        block_n, num_warps, num_stages, maxnreg: stage-1 tuning (tokens per step, warps, software
-            pipeline depth, register cap). None picks what measured fastest on an H200
-            (``default_tuning``).
+        block_n, num_warps, num_stages, maxnreg, transposed: stage-1 tuning (tokens per step, warps,
+            software pipeline depth, register cap, tokens as the M side of the products with the
+            query heads padded to 8 columns instead of 16 rows). None picks what measured fastest
+            on an H200 (``default_tuning``).
     Returns:
         ``out``, the attention output in the model's basis.
     """
@@ -411,6 +453,8 @@ def oscar_decode_attention(
     tune = default_tuning(b, h, d, p)
     block_n = tune["block_n"] if block_n is None else block_n
     num_warps = tune["num_warps"] if num_warps is None else num_warps
+    transposed = tune.get("transposed", False) if transposed is None else transposed
+    prefetch = tune.get("prefetch", False) if prefetch is None else prefetch
     if num_splits is None:
         num_splits = pick_num_splits(b, h, waves=tune["waves"])
     if out is None:
@@ -428,7 +472,7 @@ def oscar_decode_attention(
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
     if b == 0:
         return out
-    block_h = max(16, triton.next_power_of_2(group))
+    block_h = max(8 if transposed else 16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     if p % block_n or block_n % 16 or (block_n % k_group and k_group % block_n):
@@ -489,6 +533,8 @@ def oscar_decode_attention(
         BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h),
         CHUNK=chunk,
+        TRANS=transposed,
+        PREFETCH=prefetch,
         num_warps=num_warps,
         num_stages=num_stages,
         **extra,

@@ -163,14 +163,15 @@ class OscarSetup:
         return sealed * per_page + tail
 
     def call(self, copy: int, *, num_splits: int, block_n: int, num_warps: int, num_stages: int, ws, maxnreg=None,
-             mode: str = "fused"):
+             transposed=None, prefetch=None, mode: str = "fused"):
         """One decode launch as the backend runs it (``fused``: query rotation, the new token's write
         and the merge in the launch), without the write (``nowrite``), or the unfused two-launch
         path of the first version (``unfused``: queries rotated beforehand, separate merge launch)."""
         pool = self.pool()
         kw = dict(q=self.q, **pool, kv_indptr=self.indptr[copy], kv_page_indices=self.pages[copy],
                   seq_lens=self.seq_lens[copy], sm_scale=1 / math.sqrt(D), out=self.out, num_splits=num_splits,
-                  workspace=ws, block_n=block_n, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)  # fmt: skip
+                  workspace=ws, block_n=block_n, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
+                  transposed=transposed, prefetch=prefetch)  # fmt: skip
         if mode == "fused":
             kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=self.new_loc[copy], staging_scale=self.staging_scale)
         elif mode == "unfused":
@@ -234,7 +235,7 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
     return {**t, "bytes": nbytes, "TBps": nbytes / (t["us"] * 1e-6) / 1e12}
 
 
-def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dict:
+def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras: bool = True) -> dict:
     probe = OscarSetup(bits, batch, ctx, 1)
     per_call = probe.kv_bytes()
     del probe
@@ -242,15 +243,18 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dic
     st = OscarSetup(bits, batch, ctx, copies)
     res = {"kv_bytes": per_call, "copies": copies, "variants": []}
     ref_out = None
-    for bn, nw, ns, waves, mr in variants:
+    for bn, nw, ns, waves, mr, tr, pf in variants:
         mr = mr or None
         is_default = bn == 0
+        tr, pf = bool(tr), bool(pf)
         if is_default:  # the launcher's default configuration (what the backend runs)
             tune = _dec.default_tuning(batch, H, D, P)
             bn, nw, waves = tune["block_n"], tune["num_warps"], tune["waves"]
+            ns = tune.get("num_stages", ns)
+            tr, pf = tune.get("transposed", False), tune.get("prefetch", False)
         splits = _dec.pick_num_splits(batch, H, waves=waves)
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, ws=ws, maxnreg=mr)
+        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, ws=ws, maxnreg=mr, transposed=tr, prefetch=pf)
         try:
             st.call(0, **kw)()
             torch.cuda.synchronize()
@@ -260,25 +264,29 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dic
             agree = rel_rms(o, ref_out)
             t = time_calls([st.call(c, **kw) for c in range(copies)])
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
-            log(f"    variant bn={bn} nw={nw} ns={ns} waves={waves} maxnreg={mr}: FAILED {type(e).__name__}: {str(e)[:200]}")
-            res["variants"].append({"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "default": is_default, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            log(f"    variant bn={bn} nw={nw} ns={ns} waves={waves} maxnreg={mr} trans={tr} prefetch={pf}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            res["variants"].append({"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "transposed": tr,
+                                    "prefetch": pf, "default": is_default, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
         part_bytes = 2 * batch * HQ * (splits + 1) * (D + 1) * 4
         total = per_call + part_bytes + batch * HQ * D * (4 + 2)
-        v = {"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "num_splits": splits, "agree_rel_rms": agree,
+        v = {"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "transposed": tr, "prefetch": pf,
+             "num_splits": splits, "agree_rel_rms": agree,
              "default": is_default,
              "bytes": total, "TBps": total / (t["us"] * 1e-6) / 1e12, **t}  # fmt: skip
         res["variants"].append(v)
-        log(f"    bn={bn:3d} nw={nw} ns={ns} mr={mr} splits={splits:3d}: {t['us']:8.2f} us  {v['TBps']:.2f} TB/s  (agree {agree:.1e})")
+        log(f"    bn={bn:3d} nw={nw} ns={ns} mr={mr} tr={int(tr)} pf={int(pf)} splits={splits:3d}{' (default)' if is_default else ''}: "
+            f"{t['us']:8.2f} us  {v['TBps']:.2f} TB/s  (agree {agree:.1e})")
     ok = [v for v in res["variants"] if "error" not in v and v["agree_rel_rms"] < 2e-3]
     res["best"] = min(ok, key=lambda v: v["us"]) if ok else None
-    if res["best"] is not None:
+    if res["best"] is not None and extras:
         # where the time goes: the fused launch without the write (the write's marginal cost), the
         # unfused path (rotated queries + stage 1 + separate merge launch), the merge launch alone
         b = res["best"]
         splits = b["num_splits"]
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-        cfg_b = dict(num_splits=splits, block_n=b["block_n"], num_warps=b["num_warps"], num_stages=b["num_stages"], ws=ws, maxnreg=b["maxnreg"])
+        cfg_b = dict(num_splits=splits, block_n=b["block_n"], num_warps=b["num_warps"], num_stages=b["num_stages"], ws=ws, maxnreg=b["maxnreg"],
+                     transposed=b["transposed"], prefetch=b["prefetch"])
         res["nowrite_us"] = time_calls([st.call(c, mode="nowrite", **cfg_b) for c in range(copies)])["us"]
         res["unfused_us"] = time_calls([st.call(c, mode="unfused", **cfg_b) for c in range(copies)])["us"]
 
@@ -296,7 +304,7 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float) -> dic
         st.p2s.fill_(-1)
         # the same bytes streamed by a kernel that only loads them (same grid, tiles, pipelining):
         # what this access pattern can get out of HBM, against which stage 1's time is judged
-        res["stream_only"] = stream_only(st, splits, b["block_n"], b["num_warps"], b["num_stages"], copies)
+        res["stream_only"] = stream_only(st, splits, b["block_n"], b["num_warps"], 3, copies)
         res["all_sealed_us"] = time_calls([st.call(c, mode="nowrite", **cfg_b) for c in range(copies)])["us"]
     del st
     torch.cuda.empty_cache()
@@ -598,7 +606,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="fewer kernel variants")
     ap.add_argument("--shapes", default="all")
-    ap.add_argument("--variants", default="", help="bn:nw:ns:waves,... (overrides the sweep)")
+    ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed[:prefetch]]],... (overrides the sweep)")
+    ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
@@ -613,13 +622,13 @@ def main() -> None:
     res["hbm_copy_TBps"] = hbm_copy_bandwidth()
     log(f"HBM copy: {res['hbm_copy_TBps']:.2f} TB/s")
     if args.variants:
-        variants = [tuple(int(x) for x in (v + ":0").split(":")[:5]) for v in args.variants.split(",")]
+        variants = [tuple(int(x) for x in (v + ":0:0:0").split(":")[:7]) for v in args.variants.split(",")]
     elif args.quick:
-        variants = [(0, 0, 3, 0, 0), (64, 2, 3, 4, 0)]
+        variants = [(0, 0, 3, 0, 0, 0, 0), (64, 2, 3, 4, 0, 0, 0)]
     else:
-        # (block_n, warps, stages, waves, maxnreg); block_n 0 = the launcher's default_tuning
-        variants = [(0, 0, 3, 0, 0), (64, 2, 3, 4, 0), (32, 1, 3, 4, 0), (32, 1, 3, 8, 0), (32, 1, 3, 16, 0),
-                    (32, 1, 3, 24, 0)]  # fmt: skip
+        # (block_n, warps, stages, waves, maxnreg, transposed, prefetch); block_n 0 = the launcher's default_tuning
+        variants = [(0, 0, 3, 0, 0, 0, 0), (64, 2, 3, 4, 0, 0, 0), (32, 1, 3, 4, 0, 0, 0), (32, 1, 3, 8, 0, 0, 0),
+                    (32, 1, 3, 16, 0, 0, 0), (32, 1, 3, 24, 0, 0, 0)]  # fmt: skip
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     budget = 24e9  # bytes of KV copies per measured callable
     for b, ctx in shapes:
@@ -627,10 +636,14 @@ def main() -> None:
         for bits in (2, 4):
             log(f"OScaR INT{bits} B={b} ctx={ctx}")
             try:
-                sh[f"int{bits}"] = bench_oscar(bits, b, ctx, variants, budget)
+                sh[f"int{bits}"] = bench_oscar(bits, b, ctx, variants, budget, extras=not args.decode_only)
             except Exception:  # noqa: BLE001
                 log(traceback.format_exc())
                 sh[f"int{bits}"] = {"error": traceback.format_exc()[-2000:]}
+        if args.decode_only:
+            res["shapes"].append(sh)
+            json.dump(res, open(os.path.join(args.out, "kernels.json"), "w"), indent=1)
+            continue
         log(f"SGLang B={b} ctx={ctx}")
         try:
             sh["sglang"] = bench_sglang(b, ctx, budget)
@@ -646,6 +659,8 @@ def main() -> None:
             sh["sdpa"] = {"error": traceback.format_exc()[-2000:]}
         res["shapes"].append(sh)
         json.dump(res, open(os.path.join(args.out, "kernels.json"), "w"), indent=1)
+    if args.decode_only:
+        return
     for b in sorted({b for b, _ in shapes}):
         res["write"][str(b)] = bench_write(b)
         log(f"write path B={b}: {res['write'][str(b)]['us']:.2f} us")

@@ -24,7 +24,14 @@ export PYTHONPATH=/tmp/site:$PWD/python
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
   OMP_NUM_THREADS=2 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -p no:cacheprovider -p no:benchmark \
     -n "${TEST_WORKERS:-8}" -v --tb=short -rfE --durations=25 --timeout=120 --junitxml="$OUT/gpu_tests.xml" \
-    tests/test_kernels_seal.py tests/test_kernels_write.py tests/test_kernels_decode.py tests/test_kernels_extend.py \
+    ${TEST_FILES:-tests/test_kernels_seal.py tests/test_kernels_write.py tests/test_kernels_decode.py tests/test_kernels_extend.py} \
     2>&1 | grep -v "^bringing up\|PytestBenchmarkWarning\|warner(" | tee "$OUT/gpu_tests.log"
 fi
-timeout "${BENCH_TIMEOUT:-420}" python3 benches/kernels/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+if [ "${SKIP_BENCH:-0}" != "1" ]; then
+  timeout "${BENCH_TIMEOUT:-420}" python3 benches/kernels/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+fi
+# Optional Nsight Compute reports of stage 1: PROFILE="SHAPE CONFIG [CONFIG ...]" (run_gpu_profile.sh)
+if [ -n "${PROFILE:-}" ]; then
+  # shellcheck disable=SC2086
+  bash benches/kernels/run_gpu_profile.sh $PROFILE 2>&1 | tee "$OUT/profile.log"
+fi
