@@ -210,14 +210,14 @@ def _decode_stage1_kernel(
         if stg >= 0:
             n_valid = seq_len - (n_pages - 1) * P
             b_qb = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
-            for t0 in range(0, n_valid, BLOCK_T):
+            for t0 in tl.range(0, n_valid, BLOCK_T, num_stages=1):
                 m_i, l_i, acc = staging_tile(
                     b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
                     stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
                 )  # fmt: skip
         else:
             b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
-            for t0 in range(0, P, BLOCK_N):
+            for t0 in tl.range(0, P, BLOCK_N, num_stages=1):
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, t0, i_h, s_col, m_i, l_i, acc,
                     kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
