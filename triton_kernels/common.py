@@ -159,11 +159,18 @@ def channel_of(p, BITS: tl.constexpr):
 
 
 @triton.jit
-def pair_halves(a, b):
-    """Two int32 tensors of fp16 pairs -> f16x2 pairs ``(a.lo, b.lo)`` and ``(a.hi, b.hi)``
-    (one PRMT each after ptxas)."""
-    lo = (a & 0xFFFF) | (b << 16)
-    hi = ((a >> 16) & 0xFFFF) | (b & -65536)
+def pair_halves(a, b, USE_ASM: tl.constexpr = False):
+    """Two int32 tensors of fp16 pairs -> f16x2 pairs ``(a.lo, b.lo)`` and ``(a.hi, b.hi)``: one
+    byte permute (PRMT) each with ``USE_ASM`` (the integer expression below compiles to two
+    instructions per result)."""
+    if USE_ASM:
+        lo = tl.inline_asm_elementwise(asm="prmt.b32 $0, $1, $2, 0x5410;", constraints="=r,r,r", args=[a, b],
+                                       dtype=tl.int32, is_pure=True, pack=1)
+        hi = tl.inline_asm_elementwise(asm="prmt.b32 $0, $1, $2, 0x7632;", constraints="=r,r,r", args=[a, b],
+                                       dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        lo = (a & 0xFFFF) | (b << 16)
+        hi = ((a >> 16) & 0xFFFF) | (b & -65536)
     return lo, hi
 
 
@@ -210,7 +217,7 @@ def _pair_dequant(x, bpos, s_pk, o_pk, BITS: tl.constexpr, USE_ASM: tl.constexpr
 
 
 @triton.jit
-def key_params(kpw, NGT: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr):
+def key_params(kpw, NGT: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr = False):
     """The int32 view ``[NGT, D]`` of NGT key-param blocks (fp16 scales then offsets of the D
     channels) -> f16x2 (scale, offset) pairs ``[NGT, 1, W, 2, J]`` of the channels (c, c + HALF)
     that one register of the dequantized keys holds (c = w*CPW + s*J + j)."""
@@ -219,20 +226,20 @@ def key_params(kpw, NGT: tl.constexpr, W: tl.constexpr, BITS: tl.constexpr):
     # w*CPW/2 + s*J/2 + j//2, its high-half partner HALF/2 words further, both in the same half (j%2)
     x = tl.permute(tl.reshape(kpw, (NGT, 2, W, 2, 2, J // 2)), (0, 1, 2, 4, 5, 3))  # [g, so, w, s, jj, half]
     w_lo, w_hi = tl.split(x)
-    even, odd = pair_halves(w_lo, w_hi)  # j = 2jj, 2jj + 1
+    even, odd = pair_halves(w_lo, w_hi, USE_ASM)  # j = 2jj, 2jj + 1
     pk = tl.permute(tl.reshape(tl.join(even, odd), (NGT, 2, W, 2, J)), (0, 2, 3, 4, 1))  # [g, w, s, j, so]
     s_pk, o_pk = tl.split(pk)
     return tl.reshape(s_pk, (NGT, 1, W, 2, J)), tl.reshape(o_pk, (NGT, 1, W, 2, J))
 
 
 @triton.jit
-def value_params(vpw, N: tl.constexpr, NG: tl.constexpr, W: tl.constexpr):
+def value_params(vpw, N: tl.constexpr, NG: tl.constexpr, W: tl.constexpr, USE_ASM: tl.constexpr = False):
     """The int32 view ``[N, NG]`` of N tokens' value params (fp16 scales then offsets of the NG
     channel groups) -> f16x2 (even token, odd token) pairs of scales and offsets ``[N/2, W]`` (per
     word of codes)."""
     WPG: tl.constexpr = W // NG
     p_e, p_o = tl.split(tl.permute(tl.reshape(vpw, (N // 2, 2, NG)), (0, 2, 1)))  # [pair, word]
-    lo, hi = pair_halves(p_e, p_o)  # fp16 index 2m, 2m + 1 of both tokens
+    lo, hi = pair_halves(p_e, p_o, USE_ASM)  # fp16 index 2m, 2m + 1 of both tokens
     pk = tl.reshape(tl.join(lo, hi), (N // 2, 2, NG))  # [pair, so, group]
     s_pk, o_pk = tl.split(tl.permute(pk, (0, 2, 1)))  # [pair, group]
     s_pk = tl.reshape(tl.broadcast_to(s_pk[:, :, None], (N // 2, NG, WPG)), (N // 2, W))
@@ -262,7 +269,7 @@ def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl
     (``TRANS``: ``[D, N]``, the A operand of ``V^T P^T``)."""
     J: tl.constexpr = 8 // BITS
     w_e, w_o = tl.split(tl.permute(tl.reshape(words, (N // 2, 2, W)), (0, 2, 1)))
-    lo, hi = pair_halves(w_e, w_o)  # channels [0, HALF) / [HALF, 2*HALF) of the word, both tokens
+    lo, hi = pair_halves(w_e, w_o, USE_ASM)  # channels [0, HALF) / [HALF, 2*HALF) of the word, both tokens
     lh = tl.join(lo, hi)  # [N/2, W, 2]
     x2 = tl.join(lh, lh >> 8)  # [N/2, W, 2, 2]
     shape: tl.constexpr = (N // 2, W, 2, 2, J)
@@ -338,9 +345,9 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
     NGT: tl.constexpr = BLOCK_N // GT
-    s_pk, o_pk = key_params(kp, NGT, W, BITS)
+    s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
     b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
-    vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W)
+    vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W, USE_ASM)
     b_st = st * sm_scale_log2
     if TRANS:
         b_s = tl.dot(b_k, q) * b_st[:, None]

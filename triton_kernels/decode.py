@@ -280,7 +280,8 @@ def _decode_stage2_kernel(
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float = 4.0, max_splits: int = 128) -> int:
-    """Sealed-page splits per (request, KV head): enough programs for ``waves`` passes over the SMs.
+    """Sealed-page splits per (request, KV head): about ``waves`` programs per SM in all, the
+    open-page program of each (request, head) included (``splits + 1`` programs per pair).
 
     Depends on the batch size only (never on lengths), so one CUDA graph per batch size serves
     every length.
@@ -288,20 +289,22 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     want = int(num_sms * waves)
-    return max(1, min(max_splits, -(-want // max(1, batch * num_kv_heads))))
+    return max(1, min(max_splits, -(-want // max(1, batch * num_kv_heads)) - 1))
 
 
 def default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> dict:
-    """Stage-1 configuration by launch size, from the H200 sweep (benches/results/kernels.md):
-    one warp per program on 32-token tiles with ~8 waves of programs once the batch gives enough
-    (request, KV head) pairs (no cross-warp reductions or barriers; 9-18 % faster at B >= 8), two
-    warps on 64-token tiles with ~4 waves for small batches (B = 1: one long sequence per head).
+    """Stage-1 configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
+
+    head_dim <= 128: one warp per program on 32-token tiles, tokens as the M side of both products
+    (``transposed``: a GQA group pads to 8 columns, not 16 rows) and the next tile's loads issued
+    before the current tile's math (``prefetch``); ~16 programs per SM below 512 (request, KV
+    head) pairs, ~8 above (a one-warp program holds ~240 registers: 8 fit on an SM). Larger head
+    dims keep the first version's two warps on 64-token tiles (not tuned on a GPU).
     "Waves" = programs per SM (``pick_num_splits``)."""
-    if batch * num_kv_heads >= 32 and head_dim <= 128 and page_size % 32 == 0:
-        # ~16 one-warp programs per SM below 64 (request, head) pairs per SM, ~8 above (H200 sweep:
-        # B = 8 / 16 at 8 KV heads 18 / 11 % faster with 16 than with 8, B = 64 9 % slower)
-        return {"block_n": 32, "num_warps": 1, "waves": 16.0 if batch * num_kv_heads < 512 else 8.0}
-    return {"block_n": min(page_size, 64), "num_warps": 2, "waves": 4.0}
+    if head_dim <= 128 and page_size % 32 == 0:
+        return {"block_n": 32, "num_warps": 1, "transposed": True, "prefetch": True,
+                "waves": 16.0 if batch * num_kv_heads < 512 else 8.0}
+    return {"block_n": min(page_size, 64), "num_warps": 2, "transposed": False, "prefetch": False, "waves": 4.0}
 
 
 def _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group):
