@@ -11,7 +11,7 @@ shape=$1; shift
 for cfg in "$@"; do
   timeout "${PROFILE_TIMEOUT:-120}" "$NCU" --clock-control none --kernel-name regex:_decode_stage1 --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis --section InstructionStats --section ComputeWorkloadAnalysis --section SourceCounters \
+    --section MemoryWorkloadAnalysis --section InstructionStats --section ComputeWorkloadAnalysis --section SourceCounters ${NCU_EXTRA:-} \
     python3 benches/kernels/profile_decode.py --shape "$shape" --config "$cfg" > "$OUT/ncu_${shape}_${cfg//:/-}.txt" 2>&1
   echo "ncu $shape $cfg: rc=$? $(grep -c . "$OUT/ncu_${shape}_${cfg//:/-}.txt") lines"
 done
