@@ -245,14 +245,18 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
     ref_out = None
     for bn, nw, ns, waves, mr, tr, pf in variants:
         mr = mr or None
-        is_default = bn == 0
+        is_default, is_previous = bn == 0, bn == -1
         tr, pf = bool(tr), bool(pf)
         if is_default:  # the launcher's default configuration (what the backend runs)
             tune = _dec.default_tuning(batch, H, D, P)
             bn, nw, waves = tune["block_n"], tune["num_warps"], tune["waves"]
             ns = tune.get("num_stages", ns)
             tr, pf = tune.get("transposed", False), tune.get("prefetch", False)
-        splits = _dec.pick_num_splits(batch, H, waves=waves)
+        if is_previous:  # the previous version's default (commit b6ba4b8), measured side by side
+            bn, nw, waves, tr, pf = (32, 1, 16.0 if batch * H < 512 else 8.0, False, False) if batch * H >= 32 else (64, 2, 4.0, False, False)
+            splits = min(128, -(-int(torch.cuda.get_device_properties(0).multi_processor_count * waves) // (batch * H)))
+        else:
+            splits = _dec.pick_num_splits(batch, H, waves=waves)
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, ws=ws, maxnreg=mr, transposed=tr, prefetch=pf)
         try:
@@ -266,16 +270,18 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
             log(f"    variant bn={bn} nw={nw} ns={ns} waves={waves} maxnreg={mr} trans={tr} prefetch={pf}: FAILED {type(e).__name__}: {str(e)[:200]}")
             res["variants"].append({"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "transposed": tr,
-                                    "prefetch": pf, "default": is_default, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                                    "prefetch": pf, "default": is_default, "previous": is_previous,
+                                    "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
         part_bytes = 2 * batch * HQ * (splits + 1) * (D + 1) * 4
         total = per_call + part_bytes + batch * HQ * D * (4 + 2)
         v = {"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "transposed": tr, "prefetch": pf,
              "num_splits": splits, "agree_rel_rms": agree,
-             "default": is_default,
+             "default": is_default, "previous": is_previous,
              "bytes": total, "TBps": total / (t["us"] * 1e-6) / 1e12, **t}  # fmt: skip
         res["variants"].append(v)
-        log(f"    bn={bn:3d} nw={nw} ns={ns} mr={mr} tr={int(tr)} pf={int(pf)} splits={splits:3d}{' (default)' if is_default else ''}: "
+        tag = " (default)" if is_default else " (previous default)" if is_previous else ""
+        log(f"    bn={bn:3d} nw={nw} ns={ns} mr={mr} tr={int(tr)} pf={int(pf)} splits={splits:3d}{tag}: "
             f"{t['us']:8.2f} us  {v['TBps']:.2f} TB/s  (agree {agree:.1e})")
     ok = [v for v in res["variants"] if "error" not in v and v["agree_rel_rms"] < 2e-3]
     res["best"] = min(ok, key=lambda v: v["us"]) if ok else None
@@ -508,9 +514,10 @@ def summarize(res: dict) -> list[dict]:
             if not best:
                 continue
             dflt = [v["us"] for v in o.get("variants", []) if v.get("default") and "us" in v]
+            prev = [v["us"] for v in o.get("variants", []) if v.get("previous") and "us" in v]
             row = {"batch": b, "ctx": ctx, "bits": bits, "oscar_us": best["us"], "oscar_TBps": best["TBps"],
-                   "default_us": dflt[0] if dflt else None,
-                   "config": {k: best.get(k) for k in ("block_n", "num_warps", "num_stages", "num_splits", "maxnreg")},
+                   "default_us": dflt[0] if dflt else None, "previous_us": prev[0] if prev else None,
+                   "config": {k: best.get(k) for k in ("block_n", "num_warps", "num_stages", "num_splits", "maxnreg", "transposed", "prefetch")},
                    "stream_only_us": (o.get("stream_only") or {}).get("us"), "stream_only_TBps": (o.get("stream_only") or {}).get("TBps"),
                    "sdpa_us": sd, "sglang_us": sg, "vs_sdpa": sd / best["us"] if sd else None,
                    "vs_sglang": sg / best["us"] if sg else None, "stage2_us": o.get("stage2_us"),
@@ -573,18 +580,18 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "minus the same launch without the write; 'unfused' is the first version's path (queries rotated by a "
         "separate launch, stage 1, separate merge launch 'stage 2').",
         "",
-        "| B | ctx | bits | OScaR us | default us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | ctx | bits | OScaR us | default us | previous us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg, transposed, prefetch) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for r in rows:
         c = r["config"]
         lines.append(
-            f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['oscar_us']:.1f} | {r['default_us'] or nan:.1f} | {r['oscar_TBps']:.2f} | "
+            f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['oscar_us']:.1f} | {r['default_us'] or nan:.1f} | {r['previous_us'] or nan:.1f} | {r['oscar_TBps']:.2f} | "
             f"{r['unfused_us'] or nan:.1f} | {r['stage2_us'] or nan:.1f} | {r['stream_only_TBps'] or nan:.2f} | "
             f"{r['sdpa_us'] or nan:.1f} | {r['vs_sdpa'] or nan:.2f} | {r['sglang_us'] or nan:.1f} | "
             f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
-            f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'} |"
+            f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))}, {int(bool(c['prefetch']))} |"
         )
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
@@ -624,11 +631,12 @@ def main() -> None:
     if args.variants:
         variants = [tuple(int(x) for x in (v + ":0:0:0").split(":")[:7]) for v in args.variants.split(",")]
     elif args.quick:
-        variants = [(0, 0, 3, 0, 0, 0, 0), (64, 2, 3, 4, 0, 0, 0)]
+        variants = [(0, 0, 3, 0, 0, 0, 0), (-1, 0, 3, 0, 0, 0, 0)]
     else:
-        # (block_n, warps, stages, waves, maxnreg, transposed, prefetch); block_n 0 = the launcher's default_tuning
-        variants = [(0, 0, 3, 0, 0, 0, 0), (64, 2, 3, 4, 0, 0, 0), (32, 1, 3, 4, 0, 0, 0), (32, 1, 3, 8, 0, 0, 0),
-                    (32, 1, 3, 16, 0, 0, 0), (32, 1, 3, 24, 0, 0, 0)]  # fmt: skip
+        # (block_n, warps, stages, waves, maxnreg, transposed, prefetch); block_n 0 = the launcher's
+        # default_tuning, -1 = the previous version's default (side by side)
+        variants = [(0, 0, 3, 0, 0, 0, 0), (-1, 0, 3, 0, 0, 0, 0), (32, 1, 3, 24, 0, 1, 1), (32, 1, 3, 12, 0, 1, 1),
+                    (32, 1, 3, 16, 0, 1, 0), (32, 1, 3, 16, 0, 0, 1), (64, 2, 3, 4, 0, 1, 1)]  # fmt: skip
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     budget = 24e9  # bytes of KV copies per measured callable
     for b, ctx in shapes:
