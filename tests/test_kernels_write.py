@@ -65,8 +65,8 @@ def _check_write(cfg: OscarConfig, *, h: int, hq: int, d: int, p: int, t: int, d
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("h,hq", [(1, 3), (3, 12), (8, 32)])
 def test_write_stages_rotated_kv_and_scales(d, h, hq):
-    if d == 256 and h == 8:
-        pytest.skip("covered at this size by the GPU test; keeps the interpreter run short")
+    if d == 256 and h == 8 and DEVICE.type == "cpu":
+        pytest.skip("the interpreter run stays short: (H=8, D=256) runs on the GPU (same test) and at D=128 here")
     _check_write(OscarConfig(residual=32), h=h, hq=hq, d=d, p=32, t=11, seed=d + h)
 
 
