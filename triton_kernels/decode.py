@@ -1,15 +1,23 @@
 """Decode attention over the OScaR paged pool: split-KV flash-decoding, INT2/INT4 in one kernel.
 
 Stage 1, grid ``(B, H, num_splits + 1)``: program ``(b, h, s)`` takes the GQA query heads of KV
-head ``h`` of request ``b`` (padded to ``BLOCK_H`` rows, so the products run on tensor cores).
-Splits ``s < num_splits`` share the request's sealed pages (all pages but the last), one K group of
-``G_K`` tokens per step: codes and fp16 params are read, keys are folded into the query
-(``<q, code*sc + off> = <q*sc, code> + <q, off>``), values dequantized in registers, logits
-multiplied by s_t. Split ``num_splits`` takes the request's last page: BF16 from staging when the
-page is open (the usual case), the packed path otherwise. Each program writes its normalized
-partial output and log-sum-exp.
+head ``h`` of request ``b``. Splits ``s < num_splits`` share the request's sealed pages (all pages
+but the last), ``BLOCK_N`` tokens per step: codes and fp16 params are read, keys and values
+dequantized in registers straight into tensor-core operands, logits multiplied by s_t. Split
+``num_splits`` takes the request's last page: BF16 from staging when the page is open (the usual
+case), the packed path otherwise. Each program writes its normalized partial output and log-sum-exp.
+Two stage-1 forms, chosen by ``default_tuning``:
+
+- ``transposed``: the tokens are the M side of both products (``S^T = K Q^T``, ``O^T += V^T P^T``)
+  and the query heads the N side, padded to 8 (Llama's GQA group of 4 fills half of an MMA instead
+  of a quarter); otherwise the query heads are the rows, padded to 16.
+- ``prefetch``: the loads of the next tile are issued before the current tile's math (register
+  double buffering, page ids one tile further ahead); otherwise Triton's software pipeliner handles
+  the loop.
+
 Stage 2, grid ``(B, Hq)``: log-sum-exp merge of the ``num_splits + 1`` partials (a chunk of
 splits per load) and the inverse rotation (``H_D`` is its own inverse), written in the query dtype.
+With few splits the merge runs inside stage 1 instead (the last program of a (request, head)).
 
 Everything happens in the rotated basis; sequence lengths are read on the device (never
 compile-time constants, no host synchronization), the grid depends only on the batch size and
