@@ -15,9 +15,10 @@ Two stage-1 forms, chosen by ``default_tuning``:
   double buffering, page ids one tile further ahead); otherwise Triton's software pipeliner handles
   the loop.
 
-Stage 2, grid ``(B, Hq)``: log-sum-exp merge of the ``num_splits + 1`` partials (a chunk of
-splits per load) and the inverse rotation (``H_D`` is its own inverse), written in the query dtype.
-With few splits the merge runs inside stage 1 instead (the last program of a (request, head)).
+With few splits the merge runs inside stage 1 (the last program of a (request, head) to finish:
+log-sum-exp merge, then the inverse rotation, ``H_D`` being its own inverse). Otherwise every
+stage-1 program rotates its partial back and stage 2, grid ``(B, Hq, D / 32)``, is a channel-parallel
+log-sum-exp weighted sum of the ``num_splits + 1`` partials, written in the query dtype.
 
 Everything happens in the rotated basis; sequence lengths are read on the device (never
 compile-time constants, no host synchronization), the grid depends only on the batch size and
@@ -40,15 +41,17 @@ from .write import load_rotated, write_token
 
 
 @triton.jit
-def merge_partials(part_o_ptr, part_lse_ptr, base, m_rows, n_part, ROWS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+def merge_partials(part_o_ptr, part_lse_ptr, base, m_rows, n_part, d0, ROWS: tl.constexpr, D: tl.constexpr, DB: tl.constexpr,
+                   CHUNK: tl.constexpr):
     """Log-sum-exp merge of the ``n_part`` partials of ``ROWS`` query heads (partial ``j`` of row
-    ``r`` at index ``base[r] + j``), CHUNK partials per block load -> ``[ROWS, D]`` fp32.
+    ``r`` at index ``base[r] + j``, rows of ``D`` floats), channels ``[d0, d0 + DB)``, CHUNK partials
+    per block load -> ``[ROWS, DB]`` fp32.
 
     Loads bypass L1 (``.cg``): in the fused merge the partials were written by other programs."""
-    o_d = tl.arange(0, D)
+    o_d = d0 + tl.arange(0, DB)
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D], tl.float32)
+    acc = tl.zeros([ROWS, DB], tl.float32)
     for s0 in range(0, n_part, CHUNK):
         o_s = s0 + tl.arange(0, CHUNK)
         m_s = m_rows[:, None] & (o_s < n_part)[None, :]
@@ -238,9 +241,17 @@ def _decode_stage1_kernel(
     o_part = (i_b * HQ + o_hq) * (n_split + 1) + i_s
     if TRANS:
         b_o = acc / tl.where(has, l_i, 1.0)[None, :]
-        tl.store(part_o_ptr + o_part[None, :] * D + o_d[:, None], b_o, mask=m_r[None, :])
+        if ROTATE and not MERGE:
+            # The merge launch will be a weighted sum only (channel-parallel): the inverse rotation
+            # is linear, so it is applied to each partial here.
+            b_o = fwht_rows(tl.trans(b_o), BLOCK_H, D, LOG2D) * INV_SQRT_D
+            tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+        else:
+            tl.store(part_o_ptr + o_part[None, :] * D + o_d[:, None], b_o, mask=m_r[None, :])
     else:
         b_o = acc / tl.where(has, l_i, 1.0)[:, None]
+        if ROTATE and not MERGE:
+            b_o = fwht_rows(b_o, BLOCK_H, D, LOG2D) * INV_SQRT_D
         tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
     tl.store(part_lse_ptr + o_part, b_lse, mask=m_r)
     if MERGE:
@@ -252,7 +263,7 @@ def _decode_stage1_kernel(
         arrived = tl.atomic_add(o_cnt, 1, sem="acq_rel", scope="gpu")
         if arrived == n_split:
             base = (i_b * HQ + i_h * GROUP + o_g) * (n_split + 1)
-            b_out = merge_partials(part_o_ptr, part_lse_ptr, base, m_g, n_split + 1, BLOCK_G, D, CHUNK)
+            b_out = merge_partials(part_o_ptr, part_lse_ptr, base, m_g, n_split + 1, 0, BLOCK_G, D, D, CHUNK)
             if ROTATE:
                 b_out = fwht_rows(b_out, BLOCK_G, D, LOG2D) * INV_SQRT_D
             p_out = out_ptr + i_b * stride_ob + (i_h * GROUP + o_g)[:, None] * stride_oh + o_d[None, :]
@@ -270,21 +281,28 @@ def _decode_stage2_kernel(
     stride_oh,
     HQ: tl.constexpr,
     D: tl.constexpr,
-    LOG2D: tl.constexpr,
+    DB: tl.constexpr,
     CHUNK: tl.constexpr,
-    ROTATE: tl.constexpr,
-    INV_SQRT_D: tl.constexpr,
 ):
-    # One program per (request, query head): the unfused merge (``fused_merge=False``).
+    # The unfused merge (``fused_merge=False``), grid (B, Hq, D / DB): one program per (request,
+    # query head, DB channels), a weighted sum of partials that stage 1 already rotated back.
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
-    o_d = tl.arange(0, D)
+    d0 = tl.program_id(2) * DB
     base = (i_b * HQ + i_hq) * n_part + tl.arange(0, 1)
-    b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, 1, D, CHUNK)
-    if ROTATE:
-        b_out = fwht_rows(b_out, 1, D, LOG2D) * INV_SQRT_D
-    p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + o_d[None, :]
+    b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, d0, 1, D, DB, CHUNK)
+    p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + (d0 + tl.arange(0, DB))[None, :]
     tl.store(p_out, b_out.to(out_ptr.dtype.element_ty))
+
+
+def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """The separate merge launch over stage 1's (rotated-back) partials ``[B, Hq, n, D]``."""
+    b, hq, n_part, d = part_o.shape
+    db = min(d, 32)
+    _decode_stage2_kernel[(b, hq, d // db)](
+        part_o, part_lse, out, n_part, out.stride(0), out.stride(1),
+        HQ=hq, D=d, DB=db, CHUNK=min(64, triton.next_power_of_2(n_part)), num_warps=2,
+    )  # fmt: skip
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float = 4.0, max_splits: int = 128) -> int:
@@ -551,19 +569,5 @@ def oscar_decode_attention(
         **extra,
     )
     if not fused_merge:
-        _decode_stage2_kernel[(b, hq)](
-            part_o,
-            part_lse,
-            out,
-            num_splits + 1,
-            out.stride(0),
-            out.stride(1),
-            HQ=hq,
-            D=d,
-            LOG2D=log2d,
-            CHUNK=min(64, triton.next_power_of_2(num_splits + 1)),
-            ROTATE=rotation,
-            INV_SQRT_D=1.0 / math.sqrt(d),
-            num_warps=4,
-        )
+        merge_launch(part_o, part_lse, out)
     return out
