@@ -98,7 +98,7 @@ def test_decode_group_sizes_and_tiles(bits, k_group, v_group, p, block_n, nan_em
 
 
 @pytest.mark.parametrize("bits,d,group,transposed,prefetch", [(2, 64, 4, True, False), (4, 64, 1, True, True), (2, 128, 8, False, True),
-                                                           (4, 64, 3, True, True)])
+                                                           (4, 64, 3, True, True), (2, 64, 16, True, True)])
 def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefetch, nan_empty):
     """Tokens as the M side of the products (query heads padded to 8 columns) and the register
     double-buffered loop: the reference, and the plain path up to fp16 rounding, for one split
