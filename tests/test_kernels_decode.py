@@ -117,6 +117,23 @@ def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefet
         assert rel_rms(out, plain) < 1e-3
 
 
+@pytest.mark.parametrize("bits,group,block_n", [(2, 4, 16), (4, 3, 32)])
+def test_decode_lazy_rescaling_with_rising_logits(bits, group, block_n, nan_empty):
+    """Logits that keep growing along the sequence and jump: the transposed path moves its running
+    max only by more than 2^8, so tiles are accumulated against a stale max (probabilities up to
+    256) and rescaled when it jumps; both must give the reference and the exact-max plain path."""
+    p = 32
+    cfg = OscarConfig(bits=bits, residual=p)
+    pool = build_pool(cfg, h=1, d=64, p=p, lens=[9 * p + 5, 4 * p], kinds={0: "rising", 1: "rising"}, last_sealed={1}, seed=40 + bits)
+    q = torch.randn(2, group, 64, generator=torch.Generator().manual_seed(bits)).bfloat16().to(DEVICE)
+    ref = reference_decode(pool, q, 1.0 / 8)
+    for splits in (1, 2):
+        plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=block_n, transposed=False, prefetch=False)
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=block_n, transposed=True, prefetch=True)
+        assert rel_rms(out, ref) < ATTN_BOUND_FP32_OUT
+        assert rel_rms(out, plain) < 1e-3
+
+
 def test_decode_after_write_with_fused_query_rotation(nan_empty):
     """One decode step as the backend runs it: the write launch stages the new token and rotates
     the query; decode reads the rotated query; then compare with the reference."""

@@ -59,6 +59,12 @@ def random_kv(h: int, n: int, d: int, *, kind: str = "normal", gen: torch.Genera
         k[:, 1::2, : d // 2] = 0.0
         v[:, :, : min(32, d)] = -0.0
         v[:, :, 1 : min(32, d) : 2] = 0.0
+    elif kind == "rising":
+        # key norms growing along the sequence, with a jump: the running max of the logits moves
+        # by small steps (kept stale by the lazy rescaling) and by large ones (rescaled)
+        ramp = torch.linspace(0.1, 2.5, n).view(1, n, 1) if n else torch.ones(1, 0, 1)
+        k = torch.randn(h, n, d, generator=gen) * ramp
+        k[:, (2 * n) // 3 :] *= 3.0
     elif kind == "mixed":
         # constant channels over whole key groups, constant value groups, an all-zero token
         k[:, :, : d // 4] = 0.5
