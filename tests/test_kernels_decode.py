@@ -118,10 +118,10 @@ def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefet
 
 
 @pytest.mark.parametrize("bits,group,block_n", [(2, 4, 16), (4, 3, 32)])
-def test_decode_lazy_rescaling_with_rising_logits(bits, group, block_n, nan_empty):
-    """Logits that keep growing along the sequence and jump: the transposed path moves its running
-    max only by more than 2^8, so tiles are accumulated against a stale max (probabilities up to
-    256) and rescaled when it jumps; both must give the reference and the exact-max plain path."""
+def test_decode_rising_logits_rescale_the_running_sums(bits, group, block_n, nan_empty):
+    """Logits that keep growing along the sequence and then jump by more than fp16 can hold
+    unrescaled (2^36): the running max moves tile after tile and every split's acc / l are rescaled
+    on the way; the transposed, prefetching path gives the reference and the plain path."""
     p = 32
     cfg = OscarConfig(bits=bits, residual=p)
     pool = build_pool(cfg, h=1, d=64, p=p, lens=[9 * p + 5, 4 * p], kinds={0: "rising", 1: "rising"}, last_sealed={1}, seed=40 + bits)

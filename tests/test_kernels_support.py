@@ -61,7 +61,7 @@ def random_kv(h: int, n: int, d: int, *, kind: str = "normal", gen: torch.Genera
         v[:, :, 1 : min(32, d) : 2] = 0.0
     elif kind == "rising":
         # key norms growing along the sequence, with a jump: the running max of the logits moves
-        # by small steps (kept stale by the lazy rescaling) and by large ones (rescaled)
+        # by small steps and by large ones (without rescaling, fp16 probabilities would overflow)
         ramp = torch.linspace(0.1, 2.5, n).view(1, n, 1) if n else torch.ones(1, 0, 1)
         k = torch.randn(h, n, d, generator=gen) * ramp
         k[:, (2 * n) // 3 :] *= 3.0

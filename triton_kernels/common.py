@@ -298,12 +298,11 @@ def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl
 
 
 @triton.jit
-def tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: tl.constexpr, D: tl.constexpr,
+def tile_raw(page, t0, i_h, s_col, valid, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: tl.constexpr, D: tl.constexpr,
              BITS: tl.constexpr, P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr,
              BLOCK_N: tl.constexpr):
     """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``),
-    as loaded, unmasked (a prefetch past the end of a split reads page 0, which every pool has,
-    and is discarded):
+    as loaded (nothing when ``valid`` is false: a prefetch past the end):
     ``(key params [NGT, D], key codes [BLOCK_N, W], s_t [BLOCK_N], value params [BLOCK_N, NG],
     value codes [BLOCK_N, W])``.
 
@@ -314,27 +313,24 @@ def tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H:
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
     NGT: tl.constexpr = BLOCK_N // GT
-    # One 64-bit base per array (scalar), then small int32 offsets that do not depend on the tile:
-    # the per-element address arithmetic stays 32-bit.
-    row0 = (page * H + i_h) * P + t0
-    g0 = (page * H + i_h) * (P // G_K) + t0 // G_K
-    o_n = tl.arange(0, BLOCK_N)
+    o_n = t0 + tl.arange(0, BLOCK_N)
+    o_row = (page * H + i_h) * P + o_n
+    o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
     o_w = tl.arange(0, W)
-    kp = tl.load((kp_ptr + g0 * D) + (tl.arange(0, NGT)[:, None] * D + tl.arange(0, D)[None, :]))
-    kw = tl.load((kw_ptr + row0 * W) + (o_n[:, None] * W + o_w[None, :]))
+    kp = tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :], mask=valid, other=0)
+    kw = tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
     if S > 0:
-        st = tl.load((scale_ptr + ((page * P + t0) * S + s_col)) + o_n * S)
+        st = tl.load(scale_ptr + (page * P + o_n) * S + s_col, mask=valid, other=0.0)
     else:
         st = tl.full([BLOCK_N], 1.0, tl.float32)
-    vp = tl.load((vp_ptr + row0 * NG) + (o_n[:, None] * NG + tl.arange(0, NG)[None, :]))
-    vw = tl.load((vw_ptr + row0 * W) + (o_n[:, None] * W + o_w[None, :]))
+    vp = tl.load(vp_ptr + o_row[:, None] * NG + tl.arange(0, NG)[None, :], mask=valid, other=0)
+    vw = tl.load(vw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
     return kp, kw, st, vp, vw
 
 
 @triton.jit
 def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.constexpr, BITS: tl.constexpr,
-               G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr,
-               LAZY_LOG2: tl.constexpr = 8.0):
+               G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr):
     """One online-softmax step over a sealed tile given its stored bytes (``tile_raw``): keys and
     values dequantized in registers (fp16, one rounding), logits ``s_t * <q, k_bar> * sm_scale``
     (base 2).
@@ -344,10 +340,7 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     tokens are the M side of both products and the query heads the N side (``S^T = K Q^T``,
     ``O^T += V^T P^T``), so a GQA group of 4 pads to 8 columns instead of 16 rows: half the
     tensor-core instructions, exponentials and accumulator registers; ``q`` ``[D, G]``, ``acc``
-    ``[D, G]``, ``m_i`` ``[G]``, and ``l_i`` ``[BLOCK_N, G]`` partial sums per token row (the
-    caller sums them over axis 0 after its loop). In this form the running max is lazy: it moves
-    only when a logit exceeds it by more than ``LAZY_LOG2``, so ``m_i`` may trail the true max (the
-    LSE ``m_i + log2(l_i)`` is the same)."""
+    ``[D, G]``, ``m_i`` / ``l_i`` ``[G]``."""
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
@@ -358,21 +351,12 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     b_st = st * sm_scale_log2
     if TRANS:
         b_s = tl.dot(b_k, q) * b_st[:, None]
-        m_t = tl.max(b_s, axis=0)
-        # Lazy rescaling: the running max moves (and acc / l are rescaled) only when a logit
-        # exceeds it by more than LAZY_LOG2 (base 2), a branch the whole warp takes together; in
-        # between, probabilities stay below 2^LAZY_LOG2 (fp16-safe) and acc / l are untouched.
-        if tl.max(m_t - m_i, axis=0) > LAZY_LOG2:
-            m_new = tl.maximum(m_i, m_t)
-            alpha = tl.exp2(m_i - m_new)
-            acc = acc * alpha[None, :]
-            l_i = l_i * alpha[None, :]
-            m_i = m_new
-        b_p = tl.exp2(b_s - m_i[None, :])
-        l_i = l_i + b_p  # per-token partial sums: one reduction after the loop, not one per tile
+        m_new = tl.maximum(m_i, tl.max(b_s, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        b_p = tl.exp2(b_s - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(b_p, axis=0)
         v_t = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, True)
-        acc = tl.dot(v_t, b_p.to(tl.float16), acc)
-        m_new = m_i
+        acc = acc * alpha[None, :] + tl.dot(v_t, b_p.to(tl.float16))
     else:
         b_s = tl.dot(q, tl.trans(b_k)) * b_st[None, :]
         m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
@@ -414,7 +398,7 @@ def sealed_tile(
     """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against the queries
     ``q``: ``tile_raw`` then ``attend_raw`` (shapes there). The loads are plain blocks, which
     Triton's software pipeliner prefetches when the caller's loop allows it."""
-    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
+    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
                                   H, D, BITS, P, G_K, G_V, S, BLOCK_N)
     return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)
 

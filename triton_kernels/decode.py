@@ -181,10 +181,6 @@ def _decode_stage1_kernel(
     else:
         acc = tl.zeros([BLOCK_H, D], tl.float32)
     o_q = (i_b * HQ + o_hq) * D
-    if TRANS:
-        l_n = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)  # the sealed tiles' per-token partial sums
-    else:
-        l_n = l_i
     if i_s < n_split:
         # Sealed pages [0, n_pages - 1), split evenly by tiles of BLOCK_N tokens.
         n_tiles = (n_pages - 1) * TPP
@@ -199,23 +195,23 @@ def _decode_stage1_kernel(
             pg_idx = page_idx_ptr + kv_start
             page = tl.load(pg_idx + t_lo // TPP, mask=t_lo < t_hi, other=0).to(tl.int64)
             page_n = tl.load(pg_idx + (t_lo + 1) // TPP, mask=t_lo + 1 < t_hi, other=0).to(tl.int64)
-            kp, kw, st, vp, vw = tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col,
+            kp, kw, st, vp, vw = tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, t_lo < t_hi,
                                           kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
             for it in tl.range(t_lo, t_hi, num_stages=1):
                 page_nn = tl.load(pg_idx + (it + 2) // TPP, mask=it + 2 < t_hi, other=0).to(tl.int64)
                 kp_n, kw_n, st_n, vp_n, vw_n = tile_raw(
-                    page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col,
+                    page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi,
                     kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N,
                 )  # fmt: skip
-                m_i, l_n, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_n, acc, sm_scale_log2,
+                m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
                                            D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)  # fmt: skip
                 kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
                 page_n = page_nn
         else:
             for it in range(t_lo, t_hi):
                 page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
-                m_i, l_n, acc = sealed_tile(
-                    b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_n, acc,
+                m_i, l_i, acc = sealed_tile(
+                    b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
                     kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
                 )  # fmt: skip
@@ -233,17 +229,12 @@ def _decode_stage1_kernel(
         else:
             b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
             for t0 in tl.range(0, P, BLOCK_N, num_stages=1):
-                m_i, l_n, acc = sealed_tile(
-                    b_q, page, t0, i_h, s_col, m_i, l_n, acc,
+                m_i, l_i, acc = sealed_tile(
+                    b_q, page, t0, i_h, s_col, m_i, l_i, acc,
                     kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
                 )  # fmt: skip
 
-    # One of the two branches above ran: the other's sums are still zero.
-    if TRANS:
-        l_i += tl.sum(l_n, axis=0)
-    else:
-        l_i += l_n
     # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
     has = l_i > 0.0
     b_lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
