@@ -74,11 +74,14 @@ def test_oscar_flags_parse_and_reach_workers(parse):
     assert plugin.oscar_config_of(clone) == OscarConfig(**want)
 
 
-def test_cuda_graphs_off_unless_asked_and_prefill_graphs_always_off(parse):
-    sa = parse("--kv-cache", "oscar")
+def test_decode_cuda_graphs_on_by_default_on_cuda_and_prefill_graphs_always_off(parse):
+    sa = parse("--kv-cache", "oscar")  # --device cpu: the reference path has no graph path
     assert sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
-    sa = parse("--kv-cache", "oscar", "--oscar-cuda-graph", "--device", "cuda")  # parsing touches no GPU
-    assert not sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
+    for extra in ((), ("--oscar-cuda-graph",)):  # the old opt-in flag is still accepted
+        sa = parse("--kv-cache", "oscar", *extra, "--device", "cuda")  # parsing touches no GPU
+        assert not sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
+    sa = parse("--kv-cache", "oscar", "--device", "cuda", "--disable-decode-cuda-graph")
+    assert sa.disable_decode_cuda_graph
     with pytest.raises(OscarStartupError, match="needs a CUDA device"):
         parse("--kv-cache", "oscar", "--oscar-cuda-graph", "--device", "cpu")
 

@@ -58,7 +58,7 @@ def _make_backend_class() -> type:
             # The step's page events go to the Rust runtime here, once, before the first layer.
             self.token_to_kv_pool.oscar_begin_step(new_step=True)
 
-        # -- CUDA graphs (decode; opt-in with --oscar-cuda-graph) ----------------------------------
+        # -- CUDA graphs (decode; on by default on CUDA) -------------------------------------------
         # SGLang 0.5.23's protocol: init_cuda_graph_state once; per captured or replayed step,
         # init_forward_metadata_out_graph (eager, host work) then init_forward_metadata_in_graph
         # (recorded); forward_decode runs only while capturing. Out of the graph: the runtime call
@@ -70,7 +70,8 @@ def _make_backend_class() -> type:
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
             pool = self.token_to_kv_pool
             if not pool.use_kernels:
-                raise RuntimeError("--oscar-cuda-graph needs the kernel path (a CUDA device)")
+                raise RuntimeError("OScaR decode CUDA graphs need the kernel path (a CUDA device); "
+                                   "use --disable-decode-cuda-graph with OSCAR_SGL_USE_KERNELS=0")
             p, dev = pool.page_size, pool.device
             r2t = self.req_to_token_pool.req_to_token
             self._g_max_pages = -(-r2t.shape[1] // p)

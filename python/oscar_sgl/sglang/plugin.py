@@ -64,9 +64,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head'. "
                    "Under tensor parallelism 'layer' means the heads of this rank.")
     g.add_argument("--oscar-cuda-graph", action="store_true",
-                   help="Experimental: keep SGLang's decode CUDA graphs (CUDA only; prefill graphs stay off). "
-                   "Tested against SGLang's graph protocol on CPU and the captured kernels on an H200, "
-                   "not yet in a GPU server.")
+                   help="Kept for compatibility: decode CUDA graphs are on by default with --kv-cache oscar "
+                   "(prefill graphs stay off); turn them off with SGLang's --disable-decode-cuda-graph.")
     g.add_argument("--oscar-no-rotation", action="store_true", help="Ablation: no Walsh-Hadamard rotation.")
     g.add_argument("--oscar-no-token-scaling", action="store_true", help="Ablation: no token scaling.")
 
@@ -101,9 +100,12 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
         args.attention_backend = BACKEND_NAME
         args.page_size = cfg.residual
         # Prefill steps have no graph path (their runtime call and seal plan vary with the chunk);
-        # decode steps have one (backend.py), kept only on request while it has not run in a GPU server.
+        # decode steps have one (backend.py), on by default since it served on an H200 with outputs
+        # identical to eager steps (benches/results/serving.md). SGLang's own
+        # --disable-decode-cuda-graph / --disable-cuda-graph turn it off.
+        # On a CPU the pool runs the torch reference, which has no graph path.
         off = ["disable_prefill_cuda_graph"]
-        if not getattr(args, "oscar_cuda_graph", False):
+        if str(getattr(args, "device", None) or "cuda").startswith("cpu"):
             off.append("disable_decode_cuda_graph")
         for name in off:
             if hasattr(args, name):
