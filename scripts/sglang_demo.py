@@ -62,7 +62,7 @@ def main() -> int:
                   "--oscar-k-group", str(min(32, args.page_size)), *common)
     print(f"model: {model}\nlaunching, side by side (--dtype float32, greedy):\n"
           f"  oscar-sgl serve --device cpu --kv-cache oscar --oscar-bits {args.bits} --oscar-page-size "
-          f"{args.page_size} ...\n  oscar-sgl serve --device cpu --kv-cache default ...  (unquantized KV)",
+          f"{args.page_size} ...\n  oscar-sgl serve --device cpu --kv-cache default ...  (unquantized fp32 KV)",
           flush=True)
     t0 = time.time()
     oscar = start_cpu_server(model, *oscar_args, max_total_tokens=args.max_total_tokens)
@@ -88,19 +88,19 @@ def main() -> int:
             for i, (n, s) in enumerate(((len(ids), dt), (len(base_ids), base_dt))):
                 tokens[i] += n
                 secs[i] += s
-            print(f"user> {turn}\nagent (OScaR INT{args.bits})> {answer}\nagent (default KV)> {base_answer}\n"
+            print(f"user> {turn}\nagent (OScaR INT{args.bits})> {answer}\nagent (unquantized KV)> {base_answer}\n"
                   f"   [{usage['prompt_tokens']} prompt tokens, {cached} from the prefix cache; "
                   f"{len(ids)} generated in {dt:.1f}s; the first {same} of {len(ids)} tokens equal the "
-                  f"default-KV answer's{' (all)' if ids == base_ids else ''}]\n")
+                  f"unquantized answer's{' (all)' if ids == base_ids else ''}]\n")
             messages.append({"role": "assistant", "content": answer})
         o = oscar.get("/server_info")["internal_states"][0]["oscar"]
     total_same, total = sum(a for a, _ in agree), sum(n for _, n in agree)
     print("---- OScaR KV cache ----")
-    print(f"token agreement with the default KV, same prompts: {total_same}/{total} leading tokens "
+    print(f"token agreement with the unquantized KV, same prompts: {total_same}/{total} leading tokens "
           f"({', '.join(f'{a}/{n}' for a, n in agree)} per turn), counted up to each turn's first "
           "difference (after it the two greedy answers go on from different text)")
     print(f"tokens/s (generation, one client, 2-core CPU): OScaR {tokens[0] / secs[0]:.1f}, "
-          f"default KV {tokens[1] / secs[1]:.1f}")
+          f"unquantized {tokens[1] / secs[1]:.1f}")
     print(f"KV bytes/token (all layers): {o['kv_bytes_per_token']:.0f} vs BF16 {o['bf16_bytes_per_token']} "
           f"-> {o['compression_ratio']:.2f}x smaller ({o['effective_bits']:.2f} effective bits)")
     print(f"tokens that fit: {o['token_capacity']} in this pool; BF16 would fit "
