@@ -1,5 +1,6 @@
 """The wheel ships the kernels as `oscar_sgl.kernels` and never a top-level `triton_kernels`
-(SGLang imports the real package of that name for MoE)."""
+(SGLang imports the real package of that name for MoE), and the CPU-serving `sgl_kernel` stand-in
+only under `oscar_sgl/_cpu_stand_in/`, never as a top-level `sgl_kernel`."""
 
 import os
 import subprocess
@@ -45,23 +46,29 @@ def test_wheel_layout(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"oscar_sgl", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
-    assert not any(n.startswith("triton_kernels") for n in names)
+    assert not any(n.startswith(("triton_kernels", "sgl_kernel")) for n in names)
+    # The stand-in folder is no package (no __init__.py): only `oscar-sgl serve` puts it on a path.
+    assert "oscar_sgl/_cpu_stand_in/sgl_kernel/__init__.py" in names
+    assert not any(n.startswith("oscar_sgl/_cpu_stand_in/") and n.count("/") < 3 for n in names)
+    assert "oscar_sgl/serve.py" in names
     for src in (ROOT / "triton_kernels").glob("*.py"):
         assert f"oscar_sgl/kernels/{src.name}" in names
     assert "oscar_sgl/data/emma_opening.txt" in names
     assert any(n.startswith("oscar_sgl/_core") for n in names)
 
 
-def test_installed_wheel_imports_kernels_but_no_top_level_triton_kernels(wheel, tmp_path):
+def test_installed_wheel_imports_kernels_but_no_top_level_triton_kernels_or_sgl_kernel(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(target), str(wheel)],
                    check=True, timeout=300)
     code = (
-        "import importlib.util, sys, oscar_sgl, oscar_sgl.kernels, oscar_sgl._core;"
+        "import importlib.util, sys, oscar_sgl, oscar_sgl.kernels, oscar_sgl._core, oscar_sgl.serve;"
         f"assert oscar_sgl.__file__.startswith({str(target)!r}), oscar_sgl.__file__;"
-        "spec = importlib.util.find_spec('triton_kernels');"
-        f"assert spec is None or not str(spec.origin or list(spec.submodule_search_locations or [])).startswith({str(target)!r}), spec;"
-        "print('ok', spec)"
+        f"assert str(oscar_sgl.serve.STAND_IN_ROOT).startswith({str(target)!r});"
+        "assert (oscar_sgl.serve.STAND_IN_ROOT / 'sgl_kernel' / '__init__.py').is_file();"
+        "specs = [importlib.util.find_spec(n) for n in ('triton_kernels', 'sgl_kernel')];"
+        f"assert not any(s and str(s.origin or list(s.submodule_search_locations or [])).startswith({str(target)!r}) for s in specs), specs;"
+        "print('ok', specs)"
     )
     # A neutral working directory: the checkout is not on sys.path, only the installed wheel.
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,

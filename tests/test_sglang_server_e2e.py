@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_support.harness import converted_model, launch  # noqa: E402
+from sglang_support.harness import common_prefix, converted_model, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -145,9 +145,7 @@ def test_oscar_server_end_to_end(model_path):
 
     agree = []
     for q in PROBES:
-        a, b = oscar_out[q], base_out[q]
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        agree.append(n / MAX_TOKENS)
+        agree.append(common_prefix(oscar_out[q], base_out[q]) / MAX_TOKENS)
     print("greedy common-prefix fraction per probe:", agree)
     # The strong check: the server computes exactly what the reference computes. The same weights
     # (the converted folder, fp32) through transformers + OscarCache, with the server's sealing

@@ -5,14 +5,14 @@ Under TP every rank builds its own OScaR pool over its own KV heads, so the `lay
 the norm over that rank's heads; with one KV head per rank it *is* the per-head norm. So the TP = 3
 server must compute what a TP = 1 server with `--oscar-norm-scope head` computes.
 
-What SGLang 0.5.23 needs for CPU TP on this machine (harness.cpu_tp_env): no PyNccl (PyPI's CUDA
-build of torch ships libnccl.so.2, which SGLang would otherwise try to use on the CPU;
-`SGLANG_NCCL_SO_PATH=none` selects SGLang's own fallback, `torch.distributed.all_reduce` on the gloo
-group, parallel_state.py `GroupCoordinator.all_reduce`), and one OpenMP core list per rank
-(`SGLANG_CPU_OMP_THREADS_BIND`, as this machine has one NUMA node for three ranks). No `sgl_kernel`
-op runs on this x86 machine without AMX: SGLang calls `torch.ops.sgl_kernel.init_cpu_threads_env`,
-`initialize` and `shm_allreduce` only with AMX plus a real sgl_kernel, or on arm64
-(bootstrap.py `_init_cpu_threads_env`, common.py `is_shm_available`).
+What SGLang 0.5.23 needs for CPU TP on this machine, `oscar-sgl serve` sets (serve.py; the log line
+is checked): no PyNccl (PyPI's CUDA build of torch ships libnccl.so.2, which SGLang would otherwise
+try to use on the CPU; `SGLANG_NCCL_SO_PATH=none` selects SGLang's own fallback,
+`torch.distributed.all_reduce` on the gloo group, parallel_state.py `GroupCoordinator.all_reduce`),
+and one OpenMP core list per rank (`SGLANG_CPU_OMP_THREADS_BIND`, as this machine has one NUMA node
+for three ranks). No `sgl_kernel` op runs on this x86 machine without AMX: SGLang calls
+`torch.ops.sgl_kernel.init_cpu_threads_env`, `initialize` and `shm_allreduce` only with AMX plus a
+real sgl_kernel, or on arm64 (bootstrap.py `_init_cpu_threads_env`, common.py `is_shm_available`).
 
 Measured on this 2-core machine (16 greedy tokens, two prompts of 46 and 36 tokens, INT2, 16-token
 pages so the decode reads sealed pages as codes):
@@ -31,11 +31,13 @@ Every server is stopped by its PID.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("sglang")
 
-from sglang_support.harness import converted_model, cpu_tp_env, launch  # noqa: E402
+from sglang_support.harness import converted_model, launch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +63,8 @@ def _greedy(server, prompt):
     return [t[1] for t in lp], [t[0] for t in lp], r["meta_info"]
 
 
-def _run(model_path, *args, env=None, startup_timeout=240):
-    with launch(model_path, *OSCAR, *args, max_total_tokens=1024, env=env, startup_timeout=startup_timeout) as s:
+def _run(model_path, *args, startup_timeout=240):
+    with launch(model_path, *OSCAR, *args, max_total_tokens=1024, startup_timeout=startup_timeout) as s:
         outs = [_greedy(s, p) for p in PROMPTS]
         info = s.get("/server_info")["internal_states"][0]["oscar"]
         metrics = s.get("/metrics") if "--enable-metrics" in args else ""
@@ -80,8 +82,11 @@ def model_path():
 
 
 def test_tp3_equals_tp1_head_scope(model_path):
-    tp3, info3, metrics3, log3 = _run(model_path, "--tp-size", "3", "--enable-metrics", env=cpu_tp_env(3),
-                                      startup_timeout=480)
+    tp3, info3, metrics3, log3 = _run(model_path, "--tp-size", "3", "--enable-metrics", startup_timeout=480)
+    # No environment from the test: `oscar-sgl serve` set up the CPU TP run and said so in one line.
+    launcher = [line for line in log3.splitlines() if line.startswith("oscar-sgl:")]
+    assert len(launcher) == 1, launcher
+    assert "SGLANG_NCCL_SO_PATH=none" in launcher[0] or "SGLANG_NCCL_SO_PATH" in os.environ, launcher
     # Each rank's pool holds one KV head, and its token scales are one column over that head.
     assert info3["tp_size"] == 3 and info3["kv_heads"] == 1, info3
     assert info3["config"]["norm_scope"] == "layer" and info3["token_scale_columns"] == 1, info3

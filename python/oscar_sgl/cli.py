@@ -4,6 +4,7 @@
     oscar-sgl eval tni --text FILE [--model ...] --png OUT.png
     oscar-sgl plan --shape 32,8,128 --gpu-mem-gb 80
     oscar-sgl model path
+    oscar-sgl serve ARGS...    # python -m sglang.launch_server ARGS..., set up for --device cpu (serve.py)
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     msub = model.add_subparsers(dest="model_command", required=True)
     mp = msub.add_parser("path", help="convert the default model to a plain HF folder once (cached) and print its path")
     mp.add_argument("--force", action="store_true", help="convert again even if cached")
+    # Listed for --help only: main() hands `serve ARGS...` to cmd_serve before parsing.
+    sub.add_parser("serve", add_help=False, help="python -m sglang.launch_server ARGS..., plus what SGLang "
+                   "0.5.23 needs to serve on a CPU without sgl_kernel when ARGS say --device cpu")
     return parser
 
 
@@ -258,7 +262,17 @@ def cmd_model_path(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(argv: Sequence[str]) -> int:
+    """Every argument goes to sglang.launch_server untouched (argparse would reject its flags here)."""
+    from .serve import main as serve
+
+    return serve(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return cmd_serve(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,20 +1,22 @@
-"""Launch and stop a real `python -m sglang.launch_server` on this CPU machine, for the e2e test
-and `scripts/sglang_demo.py`.
+"""Launch and stop a real SGLang server on this CPU machine, for the server tests and
+`scripts/sglang_demo.py`, through the package's supported CPU path: `python -m oscar_sgl serve ...`
+(`oscar-sgl serve`, `oscar_sgl/serve.py`), which runs `sglang.launch_server` with what SGLang 0.5.23
+needs on a CPU without sgl_kernel (the bundled stand-in, `SGLANG_USE_CPU_ENGINE=1`, and for TP its
+NCCL and thread-binding settings). The plug-in reaches SGLang through the installed wheel's
+`sglang.srt.plugins` entry point.
 
-- The plug-in reaches SGLang through the `sglang.srt.plugins` entry point. Until the installed
-  oscar-sgl wheel declares it, `entry_point/` holds a test-only dist-info that does (it is put on
-  PYTHONPATH only when no installed distribution provides the entry point `oscar`).
-- `stand_in/sgl_kernel`: the names SGLang's CPU path imports but never calls; each raises if called.
-- The server runs from a neutral working directory (never the repository root), with one OpenMP
-  thread, `--sleep-on-idle`, `--skip-server-warmup` and a bounded `--max-total-tokens`.
-- It is stopped by its PID (SIGTERM, then SIGKILL of its process group after a bounded wait).
-- Tensor parallelism on the CPU (`cpu_tp_env`): SGLang's own settings, nothing of ours.
+- The server runs in a new temporary folder (`oscar-sglang-*`, never the repository root) that
+  holds its log and is removed when the server stops; with one OpenMP thread, `--sleep-on-idle`,
+  `--skip-server-warmup` and a bounded `--max-total-tokens`.
+- It runs in its own session; `stop` sends SIGTERM to the server, then SIGKILL to its process
+  group, so the launcher, scheduler(s) and detokenizer all go.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,44 +26,23 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
-
-HERE = Path(__file__).resolve().parent
-
-
-def _has_installed_entry_point() -> bool:
-    return any(ep.name == "oscar" for ep in entry_points(group="sglang.srt.plugins"))
+from typing import Any, NoReturn, Sequence
 
 
 def server_env() -> dict[str, str]:
     """The server processes import the same `oscar_sgl` as this process (the installed wheel in CI,
-    the checkout's python/ with an editable install) plus the test-only `sgl_kernel` stand-in."""
+    the checkout's python/ with an editable install), one OpenMP thread, no model hub."""
     import oscar_sgl
 
     env = dict(os.environ)
     pkg_root = Path(oscar_sgl.__file__).resolve().parent.parent
-    paths = [] if "site-packages" in pkg_root.parts else [str(pkg_root)]
-    paths.append(str(HERE / "stand_in"))
-    if not _has_installed_entry_point():
-        paths.append(str(HERE / "entry_point"))
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if "site-packages" not in pkg_root.parts:
+        old = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join([str(pkg_root)] + ([old] if old else []))
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
     return env
-
-
-def cpu_tp_env(tp_size: int) -> dict[str, str]:
-    """What `--device cpu --tp-size N` needs from SGLang 0.5.23 on this machine (validate.py,
-    `check_cpu_tensor_parallel`, says why): no PyNccl (PyPI's CUDA torch ships libnccl.so.2, which
-    SGLang would try to use on the CPU), so the TP all-reduce goes through torch.distributed on gloo;
-    and one OpenMP core list per rank, since this machine has fewer NUMA nodes than ranks (the ranks
-    share the cores round-robin)."""
-    cores = sorted(os.sched_getaffinity(0))
-    return {"SGLANG_NCCL_SO_PATH": "none",
-            "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(cores[i % len(cores)]) for i in range(tp_size))}
 
 
 def free_port() -> int:
@@ -70,12 +51,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two greedy completions share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen
     port: int
     log_path: Path
-    cwd: Path
+    tmp: Path
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -99,20 +85,42 @@ class Server:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read().decode())
 
+    def wait_healthy(self, timeout: float) -> "Server":
+        """Wait (bounded) for `/health` 200; on exit or timeout, stop and raise with the log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._fail(f"server exited with {self.proc.returncode}")
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=5)
+                return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                time.sleep(1.0)
+        self._fail(f"server not healthy on port {self.port} after {timeout:.0f}s")
+
+    def _fail(self, what: str) -> NoReturn:
+        tail = self.log()[-4000:]
+        self.stop()
+        raise RuntimeError(f"{what} ({' '.join(self.extra.get('cmd', []))}):\n{tail}")
+
     def stop(self, timeout: float = 30) -> None:
-        """Stop by PID: SIGTERM to the launcher, then SIGKILL to its process group if it lingers."""
+        """SIGTERM to the server (the session leader: SGLang's launcher stops its scheduler and
+        detokenizer), SIGKILL to the whole process group after `timeout` or once the leader has gone
+        (stragglers such as multiprocessing's resource tracker); then remove the temporary folder and
+        the log in it. (SIGTERM to the whole group at once makes SGLang's launcher see a crashed
+        scheduler and wait 5 s for crash diagnostics.)"""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        # The scheduler / detokenizer children share the launcher's process group.
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        self.proc.wait(timeout=10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "Server":
         return self
@@ -121,30 +129,30 @@ class Server:
         self.stop()
 
 
-def launch(model_path: str, *extra_args: str, startup_timeout: float = 240, max_total_tokens: int = 4096,
-           cwd: Path | None = None, env: dict[str, str] | None = None) -> Server:
-    """Start the server and wait (bounded) for `/health` 200. Raises with the log tail on failure."""
+def start(cmd: Sequence[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None) -> Server:
+    """Start `cmd` in its own session, in `cwd` (default: the new temporary folder `oscar-sglang-*`
+    that holds its log and goes when the server stops); does not wait."""
+    tmp = Path(tempfile.mkdtemp(prefix="oscar-sglang-"))
+    log_path = tmp / f"server-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(list(cmd), cwd=cwd or tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return Server(proc, port, log_path, tmp, {"cmd": list(cmd)})
+
+
+def start_cpu_server(model_path: str, *extra_args: str, max_total_tokens: int = 4096, dtype: str = "float32",
+                     env: dict[str, str] | None = None) -> Server:
+    """`python -m oscar_sgl serve --model-path M --device cpu ...` on a free port, not yet healthy."""
     port = free_port()
-    cwd = cwd or Path(tempfile.mkdtemp(prefix="oscar-sglang-"))
-    log_path = cwd / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--device", "cpu",
+    cmd = [sys.executable, "-m", "oscar_sgl", "serve", "--model-path", model_path, "--device", "cpu",
            "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", str(max_total_tokens),
-           "--sleep-on-idle", "--skip-server-warmup", "--dtype", "float32", *extra_args]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=cwd, env={**server_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    server = Server(proc, port, log_path, cwd, {"cmd": cmd})
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-4000:]}")
-        try:
-            urllib.request.urlopen(server.url + "/health", timeout=5)
-            return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"server not healthy after {startup_timeout}s:\n{server.log()[-4000:]}")
+           "--sleep-on-idle", "--skip-server-warmup", "--dtype", dtype, *extra_args]
+    return start(cmd, port, {**server_env(), **(env or {})})
+
+
+def launch(model_path: str, *extra_args: str, startup_timeout: float = 240, **kwargs: Any) -> Server:
+    """Start the CPU server and wait (bounded) for `/health` 200. Raises with the log tail on failure."""
+    return start_cpu_server(model_path, *extra_args, **kwargs).wait_healthy(startup_timeout)
 
 
 def converted_model() -> str:
