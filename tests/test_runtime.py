@@ -24,6 +24,7 @@ from oscar_sgl.runtime import (
     pack_k,
     pack_v,
     plan_memory,
+    scratch_slots_needed,
     staging_slots_needed,
     unpack_k,
     unpack_v,
@@ -229,4 +230,9 @@ def test_plan_memory_and_staging_sizing() -> None:
     assert all(r.tokens == r.pages * 128 for r in rows)
     assert rows[3].bytes_per_token == 30 * OscarConfig().bytes_per_token(3, 64)
     assert rows[3].staging_bytes == 16 * 128 * 30 * 3 * 64 * 4
-    assert staging_slots_needed(max_running_requests=8, max_prefill_tokens=256, page_size=128) == 21
+    # Two pages per running request (the one it filled this step, the one it opens); prefill pages
+    # opened and filled in one step are sealed from scratch, so they count only without direct seals.
+    assert staging_slots_needed(max_running_requests=8, max_prefill_tokens=256, page_size=128) == 17
+    assert staging_slots_needed(max_running_requests=8, max_prefill_tokens=256, page_size=128, direct_seals=False) == 21
+    assert scratch_slots_needed(max_prefill_tokens=256, page_size=128) == 3
+    assert scratch_slots_needed(max_prefill_tokens=257, page_size=128) == 4

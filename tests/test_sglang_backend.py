@@ -134,12 +134,16 @@ def test_staging_reserve_covers_the_staging_the_pool_allocates():
         pool, *_ = _setup(max_tokens)
         allocated = sum(t.numel() * t.element_size() for t in pool.stage_k + pool.stage_v)
         allocated += sum(t.numel() * t.element_size() for t in (pool.stage_scale or []))
+        # the one-layer scratch of direct seals
+        allocated += sum(t.numel() * t.element_size() for t in (pool.scratch_k, pool.scratch_v, pool.scratch_scale)
+                         if t is not None)
         reserve = staging_bytes_upper_bound(CFG, num_kv_heads=H, head_dim=D, num_layers=LAYERS,
                                             max_running_requests=4, max_prefill_tokens=None, element_size=4)
         assert allocated <= reserve
         if pool.num_staging < pool.num_pages and pool.stage_scale is None:
             # Not capped by the page count: exact, but for the token scales only the kernel path stages.
-            assert reserve - allocated == LAYERS * P * 4 * CFG.scale_columns(H) * (pool.num_staging + 1)
+            assert reserve - allocated == P * 4 * CFG.scale_columns(H) * (LAYERS * (pool.num_staging + 1)
+                                                                         + pool.num_scratch)
 
 
 def test_pool_sizer_charges_the_staging_reserve():

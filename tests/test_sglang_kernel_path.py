@@ -31,16 +31,18 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
                                                                                   reason="needs CUDA")])]
 
 
-def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype):
+def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype, direct_seals: bool = True,
+           tokens: int = 128):
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    pool = pool_class_for(cfg, max_running_requests=2, max_prefill_tokens=64, use_kernels=use_kernels)(
-        128, page_size=P, dtype=dtype, head_num=H, head_dim=D, layer_num=LAYERS, device=device,
+    pool = pool_class_for(cfg, max_running_requests=2, max_prefill_tokens=64, use_kernels=use_kernels,
+                          direct_seals=direct_seals)(
+        tokens, page_size=P, dtype=dtype, head_num=H, head_dim=D, layer_num=LAYERS, device=device,
         enable_memory_saver=False,
     )
-    alloc = OscarPagedAllocator(128, P, dtype, device, pool, False, runtime=pool.oscar_runtime)
-    r2t = ReqToTokenPool(size=4, max_context_len=128, device=device, enable_memory_saver=False)
+    alloc = OscarPagedAllocator(tokens, P, dtype, device, pool, False, runtime=pool.oscar_runtime)
+    r2t = ReqToTokenPool(size=4, max_context_len=tokens, device=device, enable_memory_saver=False)
     backend = create_oscar_backend(SimpleNamespace(device=device, req_to_token_pool=r2t, token_to_kv_pool=pool))
     layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
     return SimpleNamespace(pool=pool, alloc=alloc, r2t=r2t, backend=backend, layers=layers, captured=False)
@@ -56,7 +58,8 @@ def _run(st, k_all, v_all, q_all, steps, graph=False):
 
     outs = []
     dev = st.pool.device
-    slots = {1: torch.zeros(80, dtype=torch.int64), 2: torch.zeros(80, dtype=torch.int64)}
+    n = st.r2t.req_to_token.shape[1]
+    slots = {1: torch.zeros(n, dtype=torch.int64), 2: torch.zeros(n, dtype=torch.int64)}
     t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
     g = lambda xs: t(xs).to(dev)  # noqa: E731
     for decode, pre, seq in steps:
@@ -125,6 +128,44 @@ def test_kernel_path_matches_reference_path(bits, scope, device):
     for li in range(LAYERS):
         same = (ref_st.pool.k_codes[li][sealed] == ker_st.pool.k_codes[li][sealed]).float().mean().item()
         assert same > 0.9, same
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_kernels", [False, True])
+def test_direct_seals_give_the_bytes_and_outputs_of_staged_seals(use_kernels, device):
+    """Pages a prefill chunk opens and fills in one step are sealed from the one-layer scratch, not
+    from staging: the same sealed bytes and attention outputs as staging every page, fewer staging pages."""
+    torch.manual_seed(7)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, residual=P)
+    total = 112
+    k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
+    v_all, q_all = torch.randn(LAYERS, 2, H, total, D), torch.randn(LAYERS, 2, total, HQ, D)
+    k_all, v_all, q_all = (x.to(device=device, dtype=dtype) for x in (k_all, v_all, q_all))
+    # 70 and 33 fresh tokens (pages 0, 1 and 0 whole: direct seals); chunks of 30 and 64 that complete
+    # a staged page each, the second also one more whole page (direct); then decode steps.
+    steps = [(False, [0, 0], [70, 33]), (False, [70, 33], [100, 97])]
+    steps += [(True, [100 + i, 97 + i], [101 + i, 98 + i]) for i in range(2)]
+    direct = _stack(cfg, use_kernels, device, dtype, tokens=320)
+    staged = _stack(cfg, use_kernels, device, dtype, direct_seals=False, tokens=320)
+    assert direct.pool.num_scratch > 0 and staged.pool.num_scratch == 0
+    assert direct.pool.num_staging < staged.pool.num_staging
+    out_d, slots_d = _run(direct, k_all, v_all, q_all, steps)
+    out_s, slots_s = _run(staged, k_all, v_all, q_all, steps)
+    assert direct.pool.oscar_runtime.stats().direct_seals_total == 4
+    assert staged.pool.oscar_runtime.stats().direct_seals_total == 0
+    for a, b in zip(out_d, out_s):
+        assert torch.equal(a, b)
+    for r in (1, 2):
+        assert torch.equal(slots_d[r], slots_s[r])
+    pool_d, pool_s = direct.pool, staged.pool
+    sealed = [pg for pg in range(pool_d.num_pages) if pool_d.oscar_runtime.page_info(pg).state == "sealed"]
+    assert len(sealed) == 6
+    for li in range(LAYERS):
+        for name in ("k_codes", "v_codes", "k_params", "v_params", "scales"):
+            a, b = getattr(pool_d, name), getattr(pool_s, name)
+            if a is not None:
+                assert torch.equal(a[li][sealed], b[li][sealed]), (li, name)
 
 
 def test_kernel_path_selection_and_shape_checks(monkeypatch):

@@ -31,6 +31,7 @@ __all__ = [
     "pack_k",
     "pack_v",
     "plan_memory",
+    "scratch_slots_needed",
     "staging_slots_needed",
     "unpack_k",
     "unpack_v",
@@ -186,6 +187,7 @@ class RuntimeStats:
     steps: int
     seals_last_step: int
     seals_total: int
+    direct_seals_total: int
     max_seals_per_step: int
     events_total: int
     compression_ratio: float
@@ -209,15 +211,24 @@ def _pairs(raw: bytearray) -> npt.NDArray[np.int32]:
     return np.frombuffer(raw, dtype="<i4").reshape(-1, 2)
 
 
-def staging_slots_needed(*, max_running_requests: int, max_prefill_tokens: int, page_size: int) -> int:
+def staging_slots_needed(*, max_running_requests: int, max_prefill_tokens: int, page_size: int,
+                         direct_seals: bool = True) -> int:
     """Staging pages that can never run out.
 
-    At any time each running request holds at most one open page, and a step fills at most one page
-    per decoding request plus ``ceil(max_prefill_tokens / page_size) + rows`` prefill pages, whose
-    slots stay reserved until the next step (their seal runs after the forward).
+    Each running request holds at most one open page. In one step a request can fill the page it
+    had open (its slot stays reserved until the next step: its seal runs in this step's forward)
+    and open the next one: two slots. The pages a prefill chunk opens *and* fills in the step are
+    sealed directly from scratch (:func:`scratch_slots_needed`) and take none; without direct seals
+    they take ``ceil(max_prefill_tokens / page_size)`` more.
     """
-    prefill_pages = -(-max_prefill_tokens // page_size)
+    prefill_pages = 0 if direct_seals else -(-max_prefill_tokens // page_size)
     return 2 * (max_running_requests + prefill_pages) + 1
+
+
+def scratch_slots_needed(*, max_prefill_tokens: int, page_size: int) -> int:
+    """Scratch pages (one layer's worth, reused by every layer) for the direct seals of one step: at
+    most ``max_prefill_tokens // page_size`` whole pages are written by one prefill batch."""
+    return -(-max_prefill_tokens // page_size) + 1
 
 
 class OscarRuntime:
@@ -227,6 +238,10 @@ class OscarRuntime:
         num_pages: page ids are ``0..num_pages`` (SGLang: ``allocator.num_pages + 1``).
         page_size: tokens per page, a multiple of ``config.k_group``.
         staging_slots: BF16 staging pages (see :func:`staging_slots_needed`).
+        scratch_slots: per-step scratch pages for *direct seals* (see :func:`scratch_slots_needed`):
+            a page that a prefill row opens and fills in one step takes one of them instead of a
+            staging slot, named ``staging_slots + k`` in the seal plan (its map entry stays -1).
+            0 turns direct seals off.
         kv_heads, head_dim: layer shape (for the compression statistics).
         config: the quantization config every sealed page is written with.
     """
@@ -240,6 +255,7 @@ class OscarRuntime:
         kv_heads: int,
         head_dim: int,
         config: OscarConfig,
+        scratch_slots: int = 0,
     ) -> None:
         config.check_shape(kv_heads, head_dim)
         self.config = config
@@ -255,6 +271,7 @@ class OscarRuntime:
             k_group=config.k_group,
             v_group=config.v_group,
             scale_columns=config.scale_columns(kv_heads),
+            scratch_slots=scratch_slots,
         )
 
     @property
@@ -270,6 +287,10 @@ class OscarRuntime:
         return self._rt.staging_slots
 
     @property
+    def scratch_slots(self) -> int:
+        return self._rt.scratch_slots
+
+    @property
     def layout_version(self) -> int:
         return self._rt.layout_version
 
@@ -282,6 +303,7 @@ class OscarRuntime:
             kv_heads=self.kv_heads,
             head_dim=self.head_dim,
             config=self.config,
+            scratch_slots=self.scratch_slots,
         )
 
     def step(self, batch: EventBatch) -> StepResult:

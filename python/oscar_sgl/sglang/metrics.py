@@ -55,6 +55,10 @@ def snapshot(pool: Any) -> dict[str, Any]:
         "staging_pages_total": int(st.staging_capacity),
         "staging_pages_peak": int(st.staging_high_water),
         "seals_total": int(st.seals_total),
+        # Pages a prefill chunk opened and filled in one step, sealed from the one-layer scratch
+        # (no staging page): most prefill pages.
+        "direct_seals_total": int(st.direct_seals_total),
+        "scratch_pages": int(getattr(pool, "num_scratch", 0)),
         "seals_last_step": int(st.seals_last_step),
         "max_seals_per_step": int(st.max_seals_per_step),
         "runtime_steps": int(st.steps),

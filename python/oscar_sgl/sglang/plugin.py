@@ -99,6 +99,12 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
         check_server_args(args, cfg)
         args.attention_backend = BACKEND_NAME
         args.page_size = cfg.residual
+        if getattr(args, "max_running_requests", None) is None:
+            # The staging pool holds the open page of every running request: SGLang's own default
+            # (thousands, from the pool size) would let it run more requests than staging holds.
+            from .pool import DEFAULT_MAX_RUNNING_REQUESTS
+
+            args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
         # Prefill steps have no graph path (their runtime call and seal plan vary with the chunk);
         # decode steps have one (backend.py), on by default since it served on an H200 with outputs
         # identical to eager steps (benches/results/serving.md). SGLang's own
@@ -187,10 +193,11 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
 
 
 def _prefill_tokens(server_args: Any) -> int | None:
-    """Most tokens one prefill step writes (what the staging pool must hold besides open pages)."""
+    """Most tokens one prefill batch writes (what the direct-seal scratch must hold): SGLang bounds a
+    batch by --max-prefill-tokens and each request's chunk by --chunked-prefill-size."""
     vals = [getattr(server_args, n, None) for n in ("max_prefill_tokens", "chunked_prefill_size")]
     vals = [int(v) for v in vals if isinstance(v, int) and v > 0]
-    return min(vals) if vals else None
+    return max(vals) if vals else None
 
 
 @_hook("sglang.srt.model_executor.model_runner_components.attention_backend_setup."

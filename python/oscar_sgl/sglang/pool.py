@@ -10,6 +10,11 @@ Per layer (leading axis = SGLang page id; page 0 is SGLang's padding page and is
     stage_scale f32 [num_staging + 1, P, S]    kernel path only: s_t computed at write time
     page_map  i32 [num_pages]                  page -> staging page (-1: read the packed pool)
 
+and once, shared by every layer (used by one layer at a time):
+
+    scratch_k, scratch_v, scratch_scale [num_scratch, ...]   as the staging, for direct seals
+    scratch_map i32 [num_pages]                page -> scratch page during the step, else -1
+
 A page is *open* while a request writes it: its tokens live in a staging page. Page state is owned
 by the Rust runtime (`oscar_sgl.runtime.OscarRuntime`) behind `OscarPagedAllocator`: SGLang's
 allocations, releases and radix-cache locks/inserts are recorded as events, and once per forward
@@ -19,6 +24,13 @@ the `(page, staging page)` pairs that became full in this step. Each layer's `se
 the step's K/V into the mapped staging pages, then seals the plan's pages (rotate, scale, quantize,
 pack). A sealed page keeps its staging page until the next step starts, so this step's attention
 still reads it exactly; from the next step on it is read as codes.
+
+*Direct seals*: a page that a prefill chunk opens and fills in one step is never read from staging
+(the step's attention takes the chunk's own K/V from the forward), so the runtime gives it no staging
+page but a scratch page (plan slot ``num_staging + k``). Each layer writes those tokens into the one
+scratch buffer, seals them from there, and the next layer reuses it. Staging therefore holds only
+the open page of each running request (and, within a step, the page it just filled), not the prefill
+chunk: at Llama-3.1-8B shapes that is 4.3 GB less staging charged to the KV budget.
 
 On CPU the seal is `oscar_sgl.reference.seal` (the oracle), one page at a time; on CUDA (or with
 `OSCAR_SGL_USE_KERNELS=1`, see `kernels_wanted`) each layer runs one `oscar_write_kv` launch and one
@@ -35,7 +47,7 @@ import torch
 
 from ..config import OscarConfig
 from .. import reference as ref
-from ..runtime import OscarRuntime, staging_slots_needed
+from ..runtime import OscarRuntime, scratch_slots_needed, staging_slots_needed
 
 
 def cell_size_bytes(cfg: OscarConfig, num_kv_heads: int, head_dim: int, num_layers: int) -> int:
@@ -67,22 +79,37 @@ def check_kernel_shape(cfg: OscarConfig, head_dim: int) -> None:
         raise ValueError(f"OScaR kernels: the page size must be a multiple of 32, got {cfg.residual}")
 
 
-def staging_slots_for(*, max_running_requests: int | None, max_prefill_tokens: int | None, page_size: int) -> int:
-    """Staging pages the pool allocates before capping at its page count (defaults: 64 requests,
-    16384 prefill tokens, as SGLang's own defaults when the flags are unset)."""
-    return staging_slots_needed(max_running_requests=max_running_requests or 64,
-                                max_prefill_tokens=max_prefill_tokens or 16384, page_size=page_size)
+#: Running requests an OScaR server admits when --max-running-requests is not given (the plug-in
+#: sets it, so SGLang never runs more requests than the staging pool holds open pages for).
+DEFAULT_MAX_RUNNING_REQUESTS = 128
+#: SGLang 0.5.23's default --max-prefill-tokens.
+DEFAULT_MAX_PREFILL_TOKENS = 16384
+
+
+def staging_slots_for(*, max_running_requests: int | None, max_prefill_tokens: int | None, page_size: int,
+                      direct_seals: bool = True) -> int:
+    """Staging pages the pool allocates before capping at its page count."""
+    return staging_slots_needed(max_running_requests=max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
+                                max_prefill_tokens=max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS,
+                                page_size=page_size, direct_seals=direct_seals)
+
+
+def scratch_slots_for(*, max_prefill_tokens: int | None, page_size: int) -> int:
+    """Scratch pages for the direct seals of one step (one layer's worth)."""
+    return scratch_slots_needed(max_prefill_tokens=max_prefill_tokens or DEFAULT_MAX_PREFILL_TOKENS,
+                                page_size=page_size)
 
 
 def staging_bytes_upper_bound(cfg: OscarConfig, *, num_kv_heads: int, head_dim: int, num_layers: int,
                               max_running_requests: int | None, max_prefill_tokens: int | None,
                               element_size: int) -> int:
     """Bytes of the staging pool over all layers (K, V, the padding sink page and the kernel path's
-    fp32 token scales), at most what `OscarKVPool` allocates."""
+    fp32 token scales) plus the one-layer scratch of direct seals, at most what `OscarKVPool` allocates."""
     pages = staging_slots_for(max_running_requests=max_running_requests, max_prefill_tokens=max_prefill_tokens,
                               page_size=cfg.residual) + 1
+    scratch = scratch_slots_for(max_prefill_tokens=max_prefill_tokens, page_size=cfg.residual)
     per_page = cfg.residual * (2 * num_kv_heads * head_dim * element_size + 4 * cfg.scale_columns(num_kv_heads))
-    return pages * per_page * num_layers
+    return (pages * num_layers + scratch) * per_page
 
 
 def bf16_cell_size_bytes(num_kv_heads: int, head_dim: int, num_layers: int) -> int:
@@ -91,7 +118,7 @@ def bf16_cell_size_bytes(num_kv_heads: int, head_dim: int, num_layers: int) -> i
 
 def pool_class_for(cfg: OscarConfig, *, max_running_requests: int | None, enable_metrics: bool = False,
                    max_prefill_tokens: int | None = None, use_kernels: bool | None = None,
-                   tp_rank: int = 0, tp_size: int = 1) -> type:
+                   tp_rank: int = 0, tp_size: int = 1, direct_seals: bool = True) -> type:
     """A subclass of `OscarKVPool` bound to `cfg`: SGLang constructs the pool class itself, with its
     own fixed keyword arguments. `tp_rank` / `tp_size` label this rank's metrics (each rank's pool
     holds only its own KV heads, and its token scales are computed over them)."""
@@ -99,7 +126,8 @@ def pool_class_for(cfg: OscarConfig, *, max_running_requests: int | None, enable
                                             "oscar_max_prefill_tokens": max_prefill_tokens,
                                             "oscar_use_kernels": use_kernels,
                                             "oscar_enable_metrics": enable_metrics,
-                                            "oscar_tp_rank": tp_rank, "oscar_tp_size": tp_size})
+                                            "oscar_tp_rank": tp_rank, "oscar_tp_size": tp_size,
+                                            "oscar_direct_seals": direct_seals})
 
 
 def _mha_base() -> type:
@@ -120,6 +148,7 @@ def _make_pool_class() -> type:
         oscar_enable_metrics: bool = False
         oscar_tp_rank: int = 0
         oscar_tp_size: int = 1
+        oscar_direct_seals: bool = True  # False: every page is staged (the layout before direct seals)
 
         def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
                      layer_num: int, device: str, enable_memory_saver: bool, **kwargs: Any) -> None:
@@ -153,16 +182,22 @@ def _make_pool_class() -> type:
             # The pool sizer charged these bytes to the KV budget (plugin.py).
             self.num_staging = max(2, min(self.num_pages, staging_slots_for(
                 max_running_requests=self.oscar_max_requests, max_prefill_tokens=self.oscar_max_prefill_tokens,
-                page_size=page_size)))
+                page_size=page_size, direct_seals=self.oscar_direct_seals)))
+            self.num_scratch = (scratch_slots_for(max_prefill_tokens=self.oscar_max_prefill_tokens,
+                                                  page_size=page_size) if self.oscar_direct_seals else 0)
             super().__init__(size, page_size, dtype, head_num, head_dim, layer_num, device,
                              enable_memory_saver, enable_kv_cache_copy=False, **kwargs)
             self._oscar_allocator: Any = None
             self._runtime = OscarRuntime(num_pages=self.num_pages, page_size=page_size,
                                          staging_slots=self.num_staging, kv_heads=head_num, head_dim=head_dim,
-                                         config=cfg)
+                                         config=cfg, scratch_slots=self.num_scratch)
             self.page_map = torch.full((self.num_pages,), -1, dtype=torch.int32, device=device)
+            self.scratch_map = torch.full((self.num_pages,), -1, dtype=torch.int32, device=device)
             self._seal_host: list[tuple[int, int]] = []
             self._seal_plan: torch.Tensor | None = None
+            self._direct_host: list[tuple[int, int]] = []  # (page, scratch page) of this step
+            self._direct_plan: torch.Tensor | None = None
+            self._direct_pages: torch.Tensor | None = None
             self._step_begun = False
             self._check_writes = torch.device(device).type == "cpu"
             self._gauges = None
@@ -193,6 +228,11 @@ def _make_pool_class() -> type:
             self.stage_v = z((self.num_staging + 1, h, p, d), stage_dtype)
             self.stage_scale = (z((self.num_staging + 1, p, self.scale_cols), torch.float32)
                                 if self.use_kernels and self.scale_cols else None)
+            ns = self.num_scratch
+            self.scratch_k = torch.zeros((ns, h, p, d), dtype=stage_dtype, device=dev)
+            self.scratch_v = torch.zeros((ns, h, p, d), dtype=stage_dtype, device=dev)
+            self.scratch_scale = (torch.zeros((ns, p, self.scale_cols), dtype=torch.float32, device=dev)
+                                  if self.use_kernels and self.scale_cols else None)
             # SGLang's generic code (pointer tables, size logs) sees the code buffers.
             self.k_buffer, self.v_buffer = self.k_codes, self.v_codes
             self.k_scale_buffer = self.v_scale_buffer = None
@@ -206,8 +246,9 @@ def _make_pool_class() -> type:
             def nb(ts: list[torch.Tensor] | None) -> int:
                 return sum(t.numel() * t.element_size() for t in ts or [])
 
-            k = nb(self.k_codes) + nb(self.k_params) + nb(self.scales) + nb(self.stage_k) + nb(self.stage_scale)
-            v = nb(self.v_codes) + nb(self.v_params) + nb(self.stage_v)
+            k = (nb(self.k_codes) + nb(self.k_params) + nb(self.scales) + nb(self.stage_k) + nb(self.stage_scale)
+                 + nb([self.scratch_k]) + nb([self.scratch_scale] if self.scratch_scale is not None else None))
+            v = nb(self.v_codes) + nb(self.v_params) + nb(self.stage_v) + nb([self.scratch_v])
             return k, v
 
         # -- page state (owned by the Rust runtime) ------------------------------------------
@@ -246,9 +287,31 @@ def _make_pool_class() -> type:
                 self.page_map[d[:, 0]] = d[:, 1].to(torch.int32)
             plan = res.seal_plan
             plan = plan[plan[:, 0] >= 0]
-            self._seal_host = carried + [(int(a), int(b)) for a, b in plan.tolist()]
+            rows = [(int(a), int(b)) for a, b in plan.tolist()]
+            # Plan slots past the staging pool name scratch pages: this step's direct seals.
+            self._seal_host = carried + [(a, b) for a, b in rows if b < self.num_staging]
+            carried_direct = self._direct_host if self._step_begun else []
+            new_direct = [(a, b - self.num_staging) for a, b in rows if b >= self.num_staging]
+            if carried_direct and new_direct:
+                # The runtime numbers each step's scratch pages from 0: move the new ones clear of
+                # the carried ones (both are sealed by this forward's layers).
+                free = [i for i in range(self.num_scratch) if i not in {x for _, x in carried_direct}]
+                if len(free) < len(new_direct):
+                    raise RuntimeError(f"OScaR: {len(carried_direct) + len(new_direct)} direct seals in one forward, "
+                                       f"over the {self.num_scratch} scratch pages")
+                new_direct = [(a, free[i]) for i, (a, _) in enumerate(new_direct)]
+            self._direct_host = carried_direct + new_direct
             self._seal_plan = (torch.tensor(self._seal_host, dtype=torch.int32).to(self.device)
                                if self._seal_host else None)
+            if self._direct_pages is not None:  # the last step's direct pages are sealed: unmap
+                self.scratch_map[self._direct_pages] = -1
+                self._direct_pages = None
+            self._direct_plan = None
+            if self._direct_host:
+                d = torch.tensor(self._direct_host, dtype=torch.int32).to(self.device)
+                self._direct_plan = d
+                self._direct_pages = d[:, 0].to(torch.int64)
+                self.scratch_map[self._direct_pages] = d[:, 1]
             self._step_begun = True
 
         def oscar_sync(self) -> bool:
@@ -274,8 +337,11 @@ def _make_pool_class() -> type:
             no page is in staging and no seal is pending any more."""
             self._seal_host = []
             self._seal_plan = None
+            self._direct_host = []
+            self._direct_plan = self._direct_pages = None
             self._step_begun = False
             self.page_map.fill_(-1)
+            self.scratch_map.fill_(-1)
 
         def oscar_page_states(self) -> dict[str, int]:
             s = self.oscar_runtime.stats()
@@ -299,14 +365,23 @@ def _make_pool_class() -> type:
             else:
                 p = self.page_size
                 if loc.numel():
-                    slot = self.page_map[loc // p].to(torch.int64)
+                    pages = loc // p
+                    slot = self.page_map[pages].to(torch.int64)
+                    direct = self.scratch_map[pages] >= 0
                     # Padding writes (page 0) go to the sink staging page, never read.
                     slot = torch.where(slot < 0, self.num_staging, slot)
                     off = loc % p
-                    self.stage_k[li][slot, :, off, :] = k.to(self.dtype)
-                    self.stage_v[li][slot, :, off, :] = v.to(self.dtype)
+                    keep = ~direct
+                    self.stage_k[li][slot[keep], :, off[keep], :] = k[keep].to(self.dtype)
+                    self.stage_v[li][slot[keep], :, off[keep], :] = v[keep].to(self.dtype)
+                    if bool(direct.any()):
+                        sp = self.scratch_map[pages[direct]].to(torch.int64)
+                        self.scratch_k[sp, :, off[direct], :] = k[direct].to(self.dtype)
+                        self.scratch_v[sp, :, off[direct], :] = v[direct].to(self.dtype)
                 for page, s in self._seal_host:
                     self._seal(li, page, self.stage_k[li][s], self.stage_v[li][s])
+                for page, s in self._direct_host:
+                    self._seal(li, page, self.scratch_k[s], self.scratch_v[s])
             self._end_layer(li)
 
         def oscar_prepare_write(self, layer: Any, loc_info: Any, cache_k: torch.Tensor, cache_v: torch.Tensor,
@@ -327,7 +402,7 @@ def _make_pool_class() -> type:
             v = cache_v.reshape(-1, h, d)
             if loc.numel() and self._check_writes:  # host tensors: a cheap bookkeeping check
                 pages = loc // p
-                bad = (self.page_map[pages] < 0) & (pages > 0)
+                bad = (self.page_map[pages] < 0) & (self.scratch_map[pages] < 0) & (pages > 0)
                 if bool(bad.any()):
                     page = int(pages[bad][0])
                     raise RuntimeError(
@@ -352,6 +427,9 @@ def _make_pool_class() -> type:
             """Copy this step's seal plan into the fixed plan buffer (outside the graph) and close the
             step on the host: every layer's write and seal of this step run inside the graph."""
             cap = self._g_plan.shape[0]
+            if self._direct_host:
+                raise RuntimeError("OScaR: a decode step cannot seal pages directly (they open and fill in "
+                                   "one prefill step); this is a bookkeeping error")
             if len(self._seal_host) > cap:
                 raise RuntimeError(f"OScaR: {len(self._seal_host)} pages to seal in one decode step, over the "
                                    f"CUDA-graph plan buffer of {cap}")
@@ -376,21 +454,33 @@ def _make_pool_class() -> type:
 
             cfg = self.oscar_config
             if loc.numel():
-                K.oscar_write_kv(k=k.contiguous(), v=v.contiguous(), loc=loc, page_to_staging=self.page_map,
+                k, v = k.contiguous(), v.contiguous()
+                K.oscar_write_kv(k=k, v=v, loc=loc, page_to_staging=self.page_map,
                                  staging_k=self.stage_k[li], staging_v=self.stage_v[li],
                                  staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
                                  rotation=cfg.rotation)
+                if self._direct_plan is not None:  # this step's direct pages: into the shared scratch
+                    K.oscar_write_kv(k=k, v=v, loc=loc, page_to_staging=self.scratch_map,
+                                     staging_k=self.scratch_k, staging_v=self.scratch_v,
+                                     staging_scale=self.scratch_scale, rotation=cfg.rotation)
             self._seal_kernels(li)
+            if self._direct_plan is not None:
+                self._seal_kernels(li, plan=self._direct_plan, scratch=True)
 
-        def _seal_kernels(self, li: int, plan: torch.Tensor | None = None) -> None:
-            """One seal launch for every page of the step's plan (kernel path)."""
+        def _seal_kernels(self, li: int, plan: torch.Tensor | None = None, scratch: bool = False) -> None:
+            """One seal launch for every page of the step's plan (kernel path); `scratch`: the plan
+            names scratch pages (direct seals)."""
             from .. import kernels as K
 
             cfg = self.oscar_config
             plan = self._seal_plan if plan is None else plan
+            if scratch:
+                sk, sv, ss = self.scratch_k, self.scratch_v, self.scratch_scale
+            else:
+                sk, sv = self.stage_k[li], self.stage_v[li]
+                ss = self.stage_scale[li] if self.stage_scale is not None else None
             if plan is not None:
-                K.oscar_seal(plan=plan, staging_k=self.stage_k[li], staging_v=self.stage_v[li],
-                             staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
+                K.oscar_seal(plan=plan, staging_k=sk, staging_v=sv, staging_scale=ss,
                              k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
                              v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,
                              bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group)

@@ -47,6 +47,7 @@ impl Workload {
             num_pages,
             page_size: P,
             staging_slots: 2 * batch as u32 + 2 * (PROMPT / P) + 8,
+            scratch_slots: 0,
             kv_heads: 8,
             head_dim: 128,
             quant: QuantFormat { bits: 2, k_group: 32, v_group: 32, scale_columns: 1 },

@@ -15,6 +15,15 @@
 //! is still queued. A page released in the same step it filled has its plan entry cancelled
 //! (page `-1`, skipped by the seal kernel): two entries never target one page in one launch.
 //!
+//! **Direct seals.** A page that one prefill row opens and fills in a single step (every page of a
+//! prompt chunk but its last, partial one) is never read from staging: the step's attention takes
+//! the chunk's own keys and values from the forward, and the page is sealed in that very step. Such
+//! a page takes no staging slot. It gets one of `scratch_slots` per-step scratch slots instead,
+//! named in the seal plan as `staging_slots + k` (a one-layer scratch buffer on the GPU side, reused
+//! layer after layer), and its map entry stays [`NO_SLOT`]. Scratch slots all return at the next
+//! step; when they run out the page takes a staging slot as before. So staging holds only open pages
+//! (and pages sealed this step that were opened earlier), not whole prefill chunks.
+//!
 //! Contract with the GPU side, per step `t`: apply the map changes to the device copy of the map
 //! before forward `t` reads it; enqueue the seal plan on the same stream after forward `t` wrote its
 //! K/V and before forward `t + 1` (the slots it reads are handed out again from step `t + 1` on).
@@ -92,6 +101,9 @@ pub struct RuntimeConfig {
     pub page_size: u32,
     /// BF16 staging pages (slots `0..staging_slots`).
     pub staging_slots: u32,
+    /// Per-step scratch slots for direct seals (plan slots `staging_slots..staging_slots +
+    /// scratch_slots`); 0 turns direct seals off.
+    pub scratch_slots: u32,
     pub kv_heads: u32,
     pub head_dim: u32,
     pub quant: QuantFormat,
@@ -128,6 +140,8 @@ pub struct Stats {
     pub steps: u64,
     pub seals_last_step: u64,
     pub seals_total: u64,
+    /// Seals of pages opened and filled in one step, sealed from scratch (no staging slot).
+    pub direct_seals_total: u64,
     pub max_seals_per_step: u64,
     pub events_total: u64,
     /// BF16 bytes of the stored tokens over the bytes they take now (sealed packed + open BF16).
@@ -154,6 +168,8 @@ pub struct Runtime {
     free_slots: Vec<i32>,
     /// `(page, slot)` sealed during the current step: the slot frees when the next step starts.
     pending: Vec<(u32, i32)>,
+    /// `(page, plan entry)` of this step's direct seals (scratch slots, no staging slot).
+    direct: Vec<(u32, usize)>,
     dirty: Vec<u32>,
     plan: Vec<i32>,
     delta: Vec<i32>,
@@ -246,8 +262,8 @@ impl Runtime {
         if cfg.num_pages == 0 || cfg.num_pages > i32::MAX as u32 {
             return Err(Error::layout(format!("num_pages={} must be in 1..=2^31-1", cfg.num_pages)));
         }
-        if cfg.staging_slots > i32::MAX as u32 {
-            return Err(Error::layout("staging_slots must fit in int32"));
+        if cfg.staging_slots.checked_add(cfg.scratch_slots).is_none_or(|n| n > i32::MAX as u32) {
+            return Err(Error::layout("staging_slots + scratch_slots must fit in int32"));
         }
         let n = cfg.num_pages as usize;
         let packed_bpt = cfg.quant.bytes_per_token(cfg.kv_heads, cfg.head_dim)?;
@@ -261,6 +277,7 @@ impl Runtime {
             locks: vec![0; n],
             free_slots: Vec::with_capacity(cfg.staging_slots as usize),
             pending: Vec::new(),
+            direct: Vec::new(),
             dirty: Vec::new(),
             plan: Vec::new(),
             delta: Vec::new(),
@@ -285,6 +302,7 @@ impl Runtime {
         self.free_slots.clear();
         self.free_slots.extend((0..self.cfg.staging_slots as i32).rev());
         self.pending.clear();
+        self.direct.clear();
         self.dirty.clear();
         self.plan.clear();
         self.delta.clear();
@@ -391,6 +409,7 @@ impl Runtime {
     pub fn step(&mut self, ops: &[i64], ids: &[i64]) -> Result<StepOutput<'_>> {
         if self.delivered {
             self.plan.clear();
+            self.direct.clear();
             self.delta.clear();
             self.retire_pending();
             self.stats.seals_last_step = 0;
@@ -459,6 +478,7 @@ impl Runtime {
         }
         if self.delivered {
             self.plan.clear();
+            self.direct.clear();
             self.retire_pending();
         }
         self.apply(ops, ids)?;
@@ -581,11 +601,15 @@ impl Runtime {
             while pos < s {
                 let page = cur.page()?;
                 let in_page = pos % p_size;
-                if in_page == 0 {
-                    self.open(page, 0)?;
-                }
                 let n = (s - pos).min(p_size - in_page);
-                self.write(page, n, Some(in_page))?;
+                if in_page == 0 && n == p_size && self.direct.len() < self.cfg.scratch_slots as usize {
+                    self.seal_direct(page)?;
+                } else {
+                    if in_page == 0 {
+                        self.open(page, 0)?;
+                    }
+                    self.write(page, n, Some(in_page))?;
+                }
                 pos += n;
             }
         }
@@ -679,6 +703,35 @@ impl Runtime {
         self.stats.seals_total += 1;
     }
 
+    /// A page opened and filled by one write of this step: sealed from scratch slot
+    /// `staging_slots + k`, no staging slot, map entry left at [`NO_SLOT`].
+    fn seal_direct(&mut self, page: u32) -> Result<()> {
+        let i = page as usize;
+        if self.page_state(i) != PageState::Free {
+            return Err(Error::Invariant {
+                violation: violation(
+                    ViolationKind::DoubleAlloc,
+                    Some(page),
+                    format!("allocated while {:?}", self.page_state(i)),
+                ),
+                event: None,
+            });
+        }
+        // k < scratch_slots, and staging_slots + scratch_slots fits in i32 (checked in `new`).
+        let slot = (self.cfg.staging_slots as usize + self.direct.len()) as i32;
+        self.set(i, PageState::Sealed, Owner::Request);
+        self.fill[i] = self.cfg.page_size as u16; // <= 2^15
+        self.direct.push((page, self.plan.len()));
+        self.plan.push(i as i32);
+        self.plan.push(slot);
+        self.stats.free_pages -= 1;
+        self.stats.sealed_pages += 1;
+        self.stats.seals_last_step += 1;
+        self.stats.seals_total += 1;
+        self.stats.direct_seals_total += 1;
+        Ok(())
+    }
+
     fn release(&mut self, page: u32) -> Result<()> {
         let i = page as usize;
         let inv =
@@ -699,10 +752,20 @@ impl Runtime {
                 // step all the same.
                 if self.map[i] != NO_SLOT {
                     let live = (page, self.map[i]);
-                    // `plan` and `pending` are pushed and cleared together: entry k is plan[2k].
-                    if let Some(k) = self.pending.iter().rposition(|&e| e == live) {
-                        self.plan[2 * k] = -1;
+                    if let Some(&(_, slot)) = self.pending.iter().rfind(|&&e| e == live) {
+                        if let Some(k) = (0..self.plan.len() / 2)
+                            .rev()
+                            .find(|&k| self.plan[2 * k] == page as i32 && self.plan[2 * k + 1] == slot)
+                        {
+                            self.plan[2 * k] = -1;
+                        }
                     }
+                } else if let Some(pos) = self.direct.iter().rposition(|&(p, _)| p == page) {
+                    // Sealed directly during this step: cancel its plan entry (its scratch slot stays
+                    // taken until the step ends).
+                    let at = self.direct[pos].1;
+                    self.plan[at] = -1;
+                    self.direct[pos].0 = u32::MAX;
                 }
                 self.stats.sealed_pages -= 1;
             }
@@ -883,11 +946,60 @@ mod tests {
             num_pages: pages,
             page_size: 4,
             staging_slots: slots,
+            scratch_slots: 0,
             kv_heads: 2,
             head_dim: 8,
             quant: QuantFormat { bits: 2, k_group: 4, v_group: 8, scale_columns: 1 },
         })
         .unwrap()
+    }
+
+    fn rt_direct(pages: u32, slots: u32, scratch: u32) -> Runtime {
+        let mut cfg = *rt(pages, slots).config();
+        cfg.scratch_slots = scratch;
+        Runtime::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn whole_prefill_pages_are_sealed_directly_without_a_staging_slot() {
+        // 2 staging slots, 3 scratch slots, 4-token pages.
+        let mut r = rt_direct(16, 2, 3);
+        // Row 0 prefills 10 tokens (pages 1, 2 whole; page 3 holds 2), row 1 prefills 4 (page 4 whole).
+        let out = r.step(&[OP_EXTEND, 2, 0, 0, 10, 4], &[1, 2, 3, 4]).unwrap();
+        // Whole pages take scratch slots 2, 3, 4 (= staging_slots + k); only page 3 takes staging.
+        assert_eq!(out.seal_plan, &[1, 2, 2, 3, 4, 4]);
+        assert_eq!(out.map_delta, &[3, 0]);
+        for page in [1, 2, 4] {
+            let info = r.page_info(page).unwrap();
+            assert_eq!((info.state, info.slot, info.fill), (PageState::Sealed, NO_SLOT, 4));
+        }
+        assert_eq!(r.staging_free(), 1);
+        let s = r.stats();
+        assert_eq!((s.sealed_pages, s.open_pages, s.seals_last_step, s.direct_seals_total), (3, 1, 3, 3));
+        r.check().unwrap();
+        // Next step: row 0 continues (page 3 fills from staging, page 5 whole: scratch slot 2 again,
+        // scratch numbering restarts every step); 3 more tokens open page 6.
+        let out = r.step(&[OP_EXTEND, 1, 10, 17], &[3, 5, 6]).unwrap();
+        assert_eq!(out.seal_plan, &[3, 0, 5, 2]);
+        // Scratch runs out: the page takes a staging slot as before (4 whole pages, 3 scratch slots).
+        let mut r = rt_direct(16, 4, 3);
+        let out = r.step(&[OP_EXTEND, 1, 0, 16], &[1, 2, 3, 4]).unwrap();
+        assert_eq!(out.seal_plan, &[1, 4, 2, 5, 3, 6, 4, 0]);
+        assert_eq!(out.map_delta, &[4, 0]);
+        r.check().unwrap();
+    }
+
+    #[test]
+    fn a_direct_seal_released_in_its_own_step_is_cancelled() {
+        let mut r = rt_direct(16, 2, 3);
+        let out = r.step(&[OP_EXTEND, 1, 0, 8, OP_RELEASE, 1], &[1, 2, 2]).unwrap();
+        // Page 2 was sealed directly and released in the same step: its entry is cancelled.
+        assert_eq!(out.seal_plan, &[1, 2, -1, 3]);
+        assert_eq!(r.page_info(2).unwrap().state, PageState::Free);
+        // Reopened in the next step, it is sealed again (a new scratch slot), once.
+        let out = r.step(&[OP_EXTEND, 1, 0, 4], &[2]).unwrap();
+        assert_eq!(out.seal_plan, &[2, 2]);
+        r.check().unwrap();
     }
 
     fn kind(e: Error) -> ViolationKind {

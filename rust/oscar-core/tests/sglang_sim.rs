@@ -97,6 +97,9 @@ struct Sim {
     ids: Vec<i64>,
     /// Expected seal plan pages of the batch; `None` once the page was released in the same batch.
     sealed_in_batch: Vec<Option<u32>>,
+    /// Parallel to `sealed_in_batch`: sealed directly from scratch (no staging slot).
+    direct_in_batch: Vec<bool>,
+    scratch: usize,
     open_count: usize,
     expect_exhaust: bool,
     mirror: Vec<i32>,
@@ -108,6 +111,7 @@ struct Sim {
 #[derive(Debug, Default, Clone, Copy)]
 struct Coverage {
     seals: usize,
+    direct_seals: usize,
     cancelled_seals: usize,
     shares: usize,
     duplicates: usize,
@@ -122,12 +126,13 @@ struct Coverage {
 }
 
 impl Sim {
-    fn new(usable_pages: usize, cap: usize) -> Self {
+    fn new(usable_pages: usize, cap: usize, scratch: usize) -> Self {
         let n = usable_pages + 1;
         let rt = Runtime::new(RuntimeConfig {
             num_pages: n as u32,
             page_size: P as u32,
             staging_slots: cap as u32,
+            scratch_slots: scratch as u32,
             kv_heads: 2,
             head_dim: 16,
             quant: QuantFormat { bits: 2, k_group: 4, v_group: 16, scale_columns: 1 },
@@ -146,6 +151,8 @@ impl Sim {
             ops: Vec::new(),
             ids: Vec::new(),
             sealed_in_batch: Vec::new(),
+            direct_in_batch: Vec::new(),
+            scratch,
             open_count: 0,
             expect_exhaust: false,
             mirror: vec![NO_SLOT; n],
@@ -159,7 +166,8 @@ impl Sim {
     fn ref_open(&mut self, page: u32) {
         let pg = &mut self.pages[page as usize];
         assert_eq!(pg.st, St::Free, "simulator bug: SGLang handed out a used page");
-        if self.open_count + self.sealed_in_batch.len() >= self.cap {
+        let held = self.direct_in_batch.iter().filter(|&&d| !d).count();
+        if self.open_count + held >= self.cap {
             self.expect_exhaust = true;
         }
         *pg = RefPage { st: St::Open, fill: 0, locks: 0, tree: false };
@@ -175,8 +183,20 @@ impl Sim {
             pg.st = St::Sealed;
             self.open_count -= 1;
             self.sealed_in_batch.push(Some(page));
+            self.direct_in_batch.push(false);
             self.seen.seals += 1;
         }
+    }
+
+    /// A page opened and filled by one prefill write while scratch lasts: sealed directly.
+    fn ref_direct(&mut self, page: u32) {
+        let pg = &mut self.pages[page as usize];
+        assert_eq!(pg.st, St::Free, "simulator bug: SGLang handed out a used page");
+        *pg = RefPage { st: St::Sealed, fill: P, locks: 0, tree: false };
+        self.sealed_in_batch.push(Some(page));
+        self.direct_in_batch.push(true);
+        self.seen.seals += 1;
+        self.seen.direct_seals += 1;
     }
 
     fn release(&mut self, page: u32) {
@@ -349,6 +369,16 @@ impl Sim {
         for (&r, &(p, s)) in rows.iter().zip(&spans) {
             let mut pos = p;
             while pos < s {
+                let n = (s - pos).min(P - pos % P);
+                let direct = self.direct_in_batch.iter().filter(|&&d| d).count();
+                if pos % P == 0 && n == P && direct < self.scratch {
+                    let page = self.free.pop_front().unwrap();
+                    self.ref_direct(page);
+                    self.reqs[r].pages.push(page);
+                    self.ids.push(page.into());
+                    pos += n;
+                    continue;
+                }
                 let page = if pos % P == 0 {
                     let page = self.free.pop_front().unwrap();
                     self.ref_open(page);
@@ -357,7 +387,6 @@ impl Sim {
                 } else {
                     *self.reqs[r].pages.last().unwrap()
                 };
-                let n = (s - pos).min(P - pos % P);
                 self.ref_write(page, n);
                 self.ids.push(page.into());
                 pos += n;
@@ -543,9 +572,12 @@ impl Sim {
         }
         prop_assert_eq!(&self.mirror[..], self.rt.page_to_staging(), "map after applying the delta");
         let mut used = vec![false; self.cap];
+        let staged = |page: u32| {
+            self.sealed_in_batch.iter().zip(&self.direct_in_batch).any(|(e, &d)| *e == Some(page) && !d)
+        };
         for (i, pg) in self.pages.iter().enumerate() {
             let slot = self.mirror[i];
-            let sealing_now = pg.st == St::Sealed && self.sealed_in_batch.contains(&Some(i as u32));
+            let sealing_now = pg.st == St::Sealed && staged(i as u32);
             prop_assert_eq!(slot != NO_SLOT, pg.st == St::Open || sealing_now, "page {} {:?} slot {}", i, pg.st, slot);
             if slot != NO_SLOT {
                 prop_assert!(!std::mem::replace(&mut used[slot as usize], true), "slot {} mapped twice", slot);
@@ -562,9 +594,19 @@ impl Sim {
             );
             prop_assert_eq!(info.owner == Owner::Tree, pg.tree);
         }
-        for c in plan.chunks(2).filter(|c| c[0] >= 0) {
+        let mut k = 0;
+        for (c, &d) in plan.chunks(2).zip(&self.direct_in_batch) {
+            if d {
+                // Direct seals name scratch slots cap, cap + 1, ... in order, cancelled ones included.
+                prop_assert_eq!(c[1], (self.cap + k) as i32, "direct seal {} names its scratch slot", k);
+                k += 1;
+            }
+            if c[0] < 0 {
+                continue;
+            }
             prop_assert_eq!(self.pages[c[0] as usize].st, St::Sealed);
-            prop_assert_eq!(self.mirror[c[0] as usize], c[1], "the plan names the slot the map shows");
+            let want = if d { NO_SLOT } else { c[1] };
+            prop_assert_eq!(self.mirror[c[0] as usize], want, "the plan names the slot the map shows");
         }
         let live: Vec<i32> = plan.chunks(2).filter(|c| c[0] >= 0).map(|c| c[0]).collect();
         let mut dedup = live.clone();
@@ -584,6 +626,7 @@ impl Sim {
             return Err(TestCaseError::fail(format!("check: {v}")));
         }
         self.sealed_in_batch.clear();
+        self.direct_in_batch.clear();
         Ok(true)
     }
 
@@ -610,9 +653,9 @@ proptest! {
 
     /// Plenty of staging: every trace is valid and the runtime must agree with the model at every step.
     #[test]
-    fn traces_match_the_reference_model(pages in 12usize..48, actions in prop::collection::vec(action(), 1..80)) {
+    fn traces_match_the_reference_model(pages in 12usize..48, scratch in 0usize..4, actions in prop::collection::vec(action(), 1..80)) {
         // Twice the pages: a batch can seal pages, free them and open new ones before the seals run.
-        let mut sim = Sim::new(pages, 2 * pages);
+        let mut sim = Sim::new(pages, 2 * pages, scratch);
         for a in &actions {
             sim.run(a);
             if matches!(a, Action::Settle) {
@@ -630,8 +673,8 @@ proptest! {
     /// Scarce staging: exhaustion is reported exactly when the model says the pool is out, as a typed
     /// error, and the runtime stays internally consistent.
     #[test]
-    fn staging_exhaustion_is_exact(pages in 12usize..48, cap in 1usize..6, actions in prop::collection::vec(action(), 1..80)) {
-        let mut sim = Sim::new(pages, cap);
+    fn staging_exhaustion_is_exact(pages in 12usize..48, cap in 1usize..6, scratch in 0usize..4, actions in prop::collection::vec(action(), 1..80)) {
+        let mut sim = Sim::new(pages, cap, scratch);
         for a in &actions {
             sim.run(a);
             if matches!(a, Action::Settle) {
@@ -649,7 +692,7 @@ proptest! {
     /// One corrupt event appended to a valid trace is caught with the right violation.
     #[test]
     fn corrupt_events_are_caught(pages in 12usize..48, actions in prop::collection::vec(action(), 1..60), pick in 0usize..1000, what in 0usize..5) {
-        let mut sim = Sim::new(pages, 2 * pages);
+        let mut sim = Sim::new(pages, 2 * pages, 2);
         for a in &actions {
             sim.run(a);
         }
@@ -690,7 +733,7 @@ fn generator_covers_the_cases() {
         let actions = prop::collection::vec(action(), 1..80).new_tree(&mut runner).unwrap().current();
         let pages = 12 + i % 36;
         let cap = if i % 2 == 0 { 2 * pages } else { 1 + i % 5 };
-        let mut sim = Sim::new(pages, cap);
+        let mut sim = Sim::new(pages, cap, i % 3);
         let mut alive = true;
         for a in &actions {
             sim.run(a);
@@ -717,6 +760,7 @@ fn generator_covers_the_cases() {
         total.chunked += s.chunked;
         total.decodes += s.decodes;
         total.retractions += s.retractions;
+        total.direct_seals += s.direct_seals;
         total.exhausted += s.exhausted;
         total.settles += s.settles;
     }
@@ -724,6 +768,7 @@ fn generator_covers_the_cases() {
     let c = total;
     for (what, n) in [
         ("seals", c.seals),
+        ("direct seals", c.direct_seals),
         ("cancelled seals", c.cancelled_seals),
         ("shares", c.shares),
         ("duplicates", c.duplicates),

@@ -256,7 +256,7 @@ struct Runtime {
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (*, num_pages, page_size, staging_slots, kv_heads, head_dim, bits, k_group, v_group, scale_columns))]
+    #[pyo3(signature = (*, num_pages, page_size, staging_slots, kv_heads, head_dim, bits, k_group, v_group, scale_columns, scratch_slots=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -269,11 +269,13 @@ impl Runtime {
         k_group: u32,
         v_group: u32,
         scale_columns: u32,
+        scratch_slots: u32,
     ) -> PyResult<Self> {
         let cfg = RuntimeConfig {
             num_pages,
             page_size,
             staging_slots,
+            scratch_slots,
             kv_heads,
             head_dim,
             quant: quant(bits, k_group, v_group, scale_columns),
@@ -360,6 +362,7 @@ impl Runtime {
             ("steps", s.steps),
             ("seals_last_step", s.seals_last_step),
             ("seals_total", s.seals_total),
+            ("direct_seals_total", s.direct_seals_total),
             ("max_seals_per_step", s.max_seals_per_step),
             ("events_total", s.events_total),
         ] {
@@ -383,6 +386,11 @@ impl Runtime {
     #[getter]
     fn staging_slots(&self) -> u32 {
         self.inner.config().staging_slots
+    }
+
+    #[getter]
+    fn scratch_slots(&self) -> u32 {
+        self.inner.config().scratch_slots
     }
 
     #[getter]
