@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oscar_sgl.serve import ServerEndpoint
+
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "stand_in"
 
@@ -103,7 +105,7 @@ def free_port() -> int:
 
 
 @dataclass
-class Server:
+class Server(ServerEndpoint):
     proc: subprocess.Popen
     port: int
     log_path: Path
@@ -111,26 +113,8 @@ class Server:
     started_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def get(self, path: str, timeout: float = 60) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
-            body = r.read().decode()
-        try:
-            return json.loads(body)
-        except json.JSONDecodeError:
-            return body
-
     def post(self, path: str, payload: dict[str, Any], timeout: float = 600) -> Any:
-        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
+        return super().post(path, payload, timeout)
 
     def stop(self, timeout: float = 60) -> None:
         if self.proc.poll() is None:

@@ -28,11 +28,13 @@ e.g. `triton_kernels/`, never shadow installed packages) and without SGLang's hi
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
 import sys
+import urllib.request
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 STAND_IN_ROOT = Path(__file__).resolve().parent / "_cpu_stand_in"
 
@@ -158,3 +160,33 @@ def main(argv: Sequence[str]) -> int:
     cmd = command(argv)
     os.execve(cmd[0], cmd, {**os.environ, **updates})
     return 127  # not reached
+
+
+class ServerEndpoint:
+    """HTTP access to a launched server (what the tests and `benches/serving` share): a subclass
+    provides `port` and `log_path`."""
+
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def get(self, path: str, timeout: float = 60) -> Any:
+        """GET `path`: the JSON body, or the text when it is not JSON."""
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            body = r.read().decode()
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError:
+            return body
+
+    def post(self, path: str, payload: dict[str, Any], timeout: float = 300) -> Any:
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode())

@@ -14,7 +14,6 @@ NCCL and thread-binding settings). The plug-in reaches SGLang through the instal
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,6 +27,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
+
+from oscar_sgl.serve import ServerEndpoint
 
 
 def server_env() -> dict[str, str]:
@@ -57,33 +58,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass
-class Server:
+class Server(ServerEndpoint):
     proc: subprocess.Popen
     port: int
     log_path: Path
     tmp: Path
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def get(self, path: str, timeout: float = 60) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
-            body = r.read().decode()
-        try:
-            return json.loads(body)
-        except json.JSONDecodeError:
-            return body
-
-    def post(self, path: str, payload: dict[str, Any], timeout: float = 300) -> Any:
-        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
 
     def wait_healthy(self, timeout: float) -> "Server":
         """Wait (bounded) for `/health` 200; on exit or timeout, stop and raise with the log tail."""

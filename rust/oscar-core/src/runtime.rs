@@ -634,18 +634,20 @@ impl Runtime {
         Ok(())
     }
 
-    fn open(&mut self, page: u32, event: usize) -> Result<()> {
-        let i = page as usize;
-        if self.page_state(i) != PageState::Free {
+    fn require_free(&self, page: u32) -> Result<()> {
+        let state = self.page_state(page as usize);
+        if state != PageState::Free {
             return Err(Error::Invariant {
-                violation: violation(
-                    ViolationKind::DoubleAlloc,
-                    Some(page),
-                    format!("allocated while {:?}", self.page_state(i)),
-                ),
+                violation: violation(ViolationKind::DoubleAlloc, Some(page), format!("allocated while {state:?}")),
                 event: None,
             });
         }
+        Ok(())
+    }
+
+    fn open(&mut self, page: u32, event: usize) -> Result<()> {
+        let i = page as usize;
+        self.require_free(page)?;
         let slot =
             self.free_slots.pop().ok_or(Error::StagingExhausted { capacity: self.cfg.staging_slots, page, event })?;
         self.set(i, PageState::Open, Owner::Request);
@@ -707,16 +709,7 @@ impl Runtime {
     /// `staging_slots + k`, no staging slot, map entry left at [`NO_SLOT`].
     fn seal_direct(&mut self, page: u32) -> Result<()> {
         let i = page as usize;
-        if self.page_state(i) != PageState::Free {
-            return Err(Error::Invariant {
-                violation: violation(
-                    ViolationKind::DoubleAlloc,
-                    Some(page),
-                    format!("allocated while {:?}", self.page_state(i)),
-                ),
-                event: None,
-            });
-        }
+        self.require_free(page)?;
         // k < scratch_slots, and staging_slots + scratch_slots fits in i32 (checked in `new`).
         let slot = (self.cfg.staging_slots as usize + self.direct.len()) as i32;
         self.set(i, PageState::Sealed, Owner::Request);
