@@ -24,7 +24,6 @@ import json
 import re
 import statistics
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -117,17 +116,7 @@ class Server(ServerEndpoint):
         return super().post(path, payload, timeout)
 
     def stop(self, timeout: float = 60) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=30)
+        self.stop_process(timeout)
 
     def __enter__(self) -> "Server":
         return self

@@ -163,11 +163,32 @@ def main(argv: Sequence[str]) -> int:
 
 
 class ServerEndpoint:
-    """HTTP access to a launched server (what the tests and `benches/serving` share): a subclass
-    provides `port` and `log_path`."""
+    """HTTP access to, and the stopping of, a server started in its own session (what the tests and
+    `benches/serving` share): a subclass provides `proc`, `port` and `log_path`."""
 
+    proc: Any  # subprocess.Popen
     port: int
     log_path: Path
+
+    def stop_process(self, timeout: float = 30) -> None:
+        """SIGTERM to the server (the session leader: SGLang's launcher stops its scheduler and
+        detokenizer), SIGKILL to the whole process group after `timeout` or once the leader has gone
+        (stragglers such as multiprocessing's resource tracker). (SIGTERM to the whole group at once
+        makes SGLang's launcher see a crashed scheduler and wait 5 s for crash diagnostics.)"""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(timeout=30)
 
     @property
     def url(self) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -84,22 +83,9 @@ class Server(ServerEndpoint):
         raise RuntimeError(f"{what} ({' '.join(self.extra.get('cmd', []))}):\n{tail}")
 
     def stop(self, timeout: float = 30) -> None:
-        """SIGTERM to the server (the session leader: SGLang's launcher stops its scheduler and
-        detokenizer), SIGKILL to the whole process group after `timeout` or once the leader has gone
-        (stragglers such as multiprocessing's resource tracker); then remove the temporary folder and
-        the log in it. (SIGTERM to the whole group at once makes SGLang's launcher see a crashed
-        scheduler and wait 5 s for crash diagnostics.)"""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=10)
+        """Stop the server (`ServerEndpoint.stop_process`), then remove its temporary folder and the
+        log in it."""
+        self.stop_process(timeout)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "Server":
