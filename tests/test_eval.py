@@ -217,6 +217,31 @@ def test_scored_tokens_see_sealed_blocks_exactly_where_the_cli_says(smollm2, emm
     assert one.kl > 1e-4, one
 
 
+def test_model_path_reuses_the_converted_folder(tmp_path, monkeypatch):
+    """Once converted (the session's fixtures did it), the folder is reused: no conversion, nothing on
+    stderr. A folder of another conversion version (e.g. the bf16 one, which has no stamp) is not."""
+    from oscar_sgl import model as models
+
+    folder = models.model_folder("default")
+    r = _cli("model", "path", timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{folder}\n", "")
+    stamp = json.loads((folder / models.CONVERT_STAMP).read_text())
+    assert stamp["version"] == models.CONVERT_VERSION == 2
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:  # the GGUF's values, not rounded to bf16
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+    monkeypatch.setenv("OSCAR_SGL_HOME", str(tmp_path))
+    stale = models.converted_default_path()
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"")
+    assert not models._is_converted(stale)
+    (stale / models.CONVERT_STAMP).write_text(json.dumps({"version": 1}))
+    assert not models._is_converted(stale)
+    (stale / models.CONVERT_STAMP).write_text(json.dumps({"version": models.CONVERT_VERSION}))
+    assert models._is_converted(stale)
+
+
 def test_cli_ppl_json_report(tmp_path):
     out = tmp_path / "r.json"
     r = _cli("eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", "--prefix-tokens", "128",

