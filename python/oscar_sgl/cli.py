@@ -15,7 +15,7 @@ import re
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from .config import INT_FIELD_LIMIT, METHODS, OscarConfig, OscarConfigError
 
@@ -55,7 +55,7 @@ class _Parser(argparse.ArgumentParser):
         usage_error(f"{flag} {what}" if what.startswith("must ") else f"{flag}: {what}")
 
 
-def _count(low: int):
+def _count(low: int) -> Callable[[str], int]:
     """argparse type: an integer from `low` to 2^31 - 1 (what the Rust core takes)."""
 
     def parse(value: str) -> int:
