@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: Rust (cargo test) and Python (pytest, against the installed wheel).
-# Extra arguments go to pytest.
+# Extra arguments go to pytest. pytest runs verbose (each test's name shows when it starts, so a
+# stuck one is visible) and ends with the 15 slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,4 +12,4 @@ export OSCAR_SGL_WHEEL="$(ls dist/oscar_sgl-*.whl)"
 # (checked at 1, 2 and 4: OMP_NUM_THREADS=4 bash scripts/test.sh).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PYO3_PYTHON="$PWD/$VENV/bin/python" cargo test --workspace --release
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -v --durations=15 -p no:cacheprovider "$@"

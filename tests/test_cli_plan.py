@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def _plan(*args):
     return subprocess.run([sys.executable, "-m", "oscar_sgl", "plan", *args], capture_output=True, text=True, timeout=300)
@@ -21,10 +23,62 @@ def test_plan_llama_shape():
     assert abs(tokens["fp8"] - 2 * tokens["bf16"]) <= 2 * 128
 
 
-def test_plan_rejects_bad_input():
-    r = _plan("--shape", "32,8", "--gpu-mem-gb", "80")
-    assert r.returncode == 2 and "LAYERS,KV_HEADS,HEAD_DIM" in r.stderr
-    r = _plan("--shape", "32,8,96", "--gpu-mem-gb", "80")
-    assert r.returncode == 2 and "power of two" in r.stderr
-    r = _plan("--shape", "32,8,128", "--gpu-mem-gb", "-1")
-    assert r.returncode == 2 and "--gpu-mem-gb must be positive" in r.stderr
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--shape", "32,8,128", "--gpu-mem-gb", "inf"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got inf"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "1e30"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got 1e30"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "nan"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got nan"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "-1"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got -1"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "lots"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got lots"),
+        (["--shape", "32,8,128"], "error: the following arguments are required: --gpu-mem-gb"),
+        (["--shape=-1,8,128", "--gpu-mem-gb", "80"],
+         "error: --shape must be LAYERS,KV_HEADS,HEAD_DIM, three positive integers below 2^31, got -1,8,128"),
+        (["--shape", "32,8", "--gpu-mem-gb", "80"],
+         "error: --shape must be LAYERS,KV_HEADS,HEAD_DIM, three positive integers below 2^31, got 32,8"),
+        (["--shape", "32,8,4294967296", "--gpu-mem-gb", "80"],
+         "error: --shape must be LAYERS,KV_HEADS,HEAD_DIM, three positive integers below 2^31, got 32,8,4294967296"),
+        (["--shape", "32,8,96", "--gpu-mem-gb", "80"],
+         "error: --shape must describe a KV cache OScaR can quantize and the planner can count: head_dim must be "
+         "a power of two for the Walsh-Hadamard rotation, got 96"),
+        (["--shape", "2000000000,2000000000,1073741824", "--gpu-mem-gb", "80"],
+         "error: --shape must describe a KV cache OScaR can quantize and the planner can count: the byte count of "
+         "one page overflows 64 bits (the shape or page size is too large)"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--page-size", "100"],
+         "error: --page-size must be a positive multiple of --k-group (32), so that no key group straddles a "
+         "flush, got 100"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--page-size", "0"],
+         "error: --page-size must be a positive integer below 2^31, got 0"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--k-group", "7"],
+         "error: --k-group must be a positive power of two, got 7"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--max-running-requests", "99999999999"],
+         "error: --max-running-requests must be a positive integer below 2^31, got 99999999999"),
+        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--norm-scope", "rank"],
+         "error: --norm-scope must be one of 'layer', 'head', got 'rank'"),
+        (["--model", "/nonexistent-model", "--gpu-mem-gb", "80"],
+         "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
+         "config.json (no model is fetched from a hub)"),
+        (["--model", "default", "--shape", "32,8,128", "--gpu-mem-gb", "80"],
+         "error: --shape: not allowed with argument --model"),
+    ],
+)
+def test_plan_bad_input_is_one_line(args, line):
+    r = _plan(*args)
+    assert (r.returncode, r.stderr, r.stdout) == (2, line + "\n", "")
+
+
+def test_plan_says_why_nothing_fits():
+    """--model default at 0.5 GB: the BF16 staging pool of 128 requests alone (0.773 GB) exceeds the budget."""
+    r = _plan("--model", "default", "--gpu-mem-gb", "0.5")
+    assert r.returncode == 0, r.stderr
+    assert "SmolLM2-135M-Instruct  (30 layers, 3 KV heads, head_dim 64)" in r.stdout
+    assert "note: int4, int2: no token fits, because the BF16 staging pool alone (0.773 GB: 262 pages for " \
+           "--max-running-requests 128 and --max-prefill-tokens 16384) exceeds the 0.5 GB budget; raise --gpu-mem-gb " \
+           "or lower those two" in r.stdout
+    r = _plan("--shape", "32,8,128", "--gpu-mem-gb", "0.0001")  # 100 kB: not two BF16 pages of 128 tokens
+    assert r.returncode == 0, r.stderr
+    assert "note: bf16, fp8: no token fits, because the 0.0001 GB budget holds fewer than two pages of 128 " \
+           "tokens (one is SGLang's padding page); raise --gpu-mem-gb or lower --page-size" in r.stdout
+    assert "note: int4, int2: no token fits, because the BF16 staging pool alone (4.4 GB: " in r.stdout
+    r = _plan("--model", "default", "--gpu-mem-gb", "80")
+    assert r.returncode == 0 and "note:" not in r.stdout, r.stdout

@@ -10,7 +10,8 @@ from oscar_sgl import OscarConfig, OscarConfigError
         ({"bits": 8}, "bits must be 2 or 4"),
         ({"k_group": 24}, "k_group must be a positive power of two"),
         ({"v_group": 0}, "v_group must be a positive power of two"),
-        ({"residual": 100}, "residual must be a non-negative multiple of k_group=32"),
+        ({"residual": 100}, r"residual must be a non-negative multiple of k_group \(32\)"),
+        ({"k_group": 2**31}, r"k_group must be below 2\^31, got 2147483648"),
         ({"residual": -32}, "residual must be a non-negative multiple"),
         ({"norm_scope": "rank"}, "norm_scope must be 'layer' or 'head'"),
         ({"bits": True}, "bits must be an int"),
@@ -20,6 +21,31 @@ from oscar_sgl import OscarConfig, OscarConfigError
 def test_bad_config_rejected_at_construction(kwargs, match):
     with pytest.raises(OscarConfigError, match=match):
         OscarConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"bits": 3}, "--oscar-bits must be 2 or 4, got 3"),
+        ({"k_group": 7}, "--oscar-k-group must be a positive power of two, got 7"),
+        ({"residual": 100}, "--oscar-page-size must be a positive multiple of --oscar-k-group (32), "
+                            "so that no key group straddles a flush, got 100"),
+        ({"residual": 0}, "--oscar-page-size must be a positive multiple of --oscar-k-group (32), "
+                          "so that no key group straddles a flush, got 0"),
+        ({"k_group": 16, "residual": 40}, "--oscar-page-size must be a positive multiple of --oscar-k-group (16), "
+                                          "so that no key group straddles a flush, got 40"),
+    ],
+)
+def test_from_flags_names_the_flags(kwargs, message):
+    flags = {"bits": "--oscar-bits", "k_group": "--oscar-k-group", "residual": "--oscar-page-size"}
+    with pytest.raises(OscarConfigError) as e:
+        OscarConfig.from_flags(flags, zero_residual=False, **kwargs)
+    assert str(e.value) == message
+
+
+def test_from_flags_builds_the_same_config():
+    assert OscarConfig.from_flags({}, bits=4, residual=0) == OscarConfig(bits=4, residual=0)
+    assert OscarConfig.from_flags({"bits": "--bits"}, bits=4, rotation=False) == OscarConfig(bits=4, rotation=False)
 
 
 def test_config_error_is_a_value_error():

@@ -104,21 +104,142 @@ def _cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "oscar_sgl", *args], capture_output=True, text=True, timeout=timeout)
 
 
+#: Files the bad-input commands read ({name} in an argument is tmp_path / name).
+BAD_FILES = {
+    "latin1.txt": b"hello \xff world " * 200,
+    "nul.txt": b"abc" + b"\x00" * 100,
+    "empty.txt": b"",
+    "blank.txt": b" \n\t\n" * 10,
+    "ten-words.txt": b"It was the best of times, it was the worst of times.",
+    "500-words.txt": b"word " * 500,
+}
+
+
 @pytest.mark.parametrize(
-    "args, message",
+    "args, line",
     [
-        (["eval", "ppl", "--bits", "3"], "invalid choice: 3"),
-        (["eval", "ppl", "--residual", "100"], "residual must be a non-negative multiple of k_group=32"),
-        (["eval", "ppl", "--methods", "turbo"], "invalid choice: 'turbo'"),
-        (["eval", "ppl", "--prefix-tokens", "0"], "expected a positive integer"),
-        (["eval", "ppl", "--text", "/nonexistent.txt"], "text file not found"),
-        (["eval", "ppl", "--model", "/nonexistent-model"], "not a local Hugging Face model folder"),
+        (["eval", "ppl", "--bits", "3"], "error: --bits must be one of 2, 4, got 3"),
+        (["eval", "ppl", "--residual", "100"],
+         "error: --residual must be a non-negative multiple of --k-group (32), so that no key group straddles a "
+         "flush, got 100"),
+        (["eval", "ppl", "--k-group", "24"], "error: --k-group must be a positive power of two, got 24"),
+        (["eval", "ppl", "--methods", "turbo"],
+         "error: --methods must be one of 'kivi', 'oscar', 'rotation-only', 'scaling-only', got 'turbo'"),
+        (["eval", "ppl", "--prefix-tokens", "0"], "error: --prefix-tokens must be a positive integer below 2^31, got 0"),
+        (["eval", "ppl", "--threads", "0"], "error: --threads must be a positive integer below 2^31, got 0"),
+        (["eval", "ppl", "--json", "/missing-dir/x.json"],
+         "error: --json must be a file in an existing folder, got /missing-dir/x.json (/missing-dir does not exist)"),
+        (["eval", "ppl", "--json", "{}"], "error: --json must be a file, got the folder {}"),
+        (["eval", "tni", "--png", "/missing-dir/t.png"],
+         "error: --png must be a file in an existing folder, got /missing-dir/t.png (/missing-dir does not exist)"),
+        (["eval", "ppl", "--prefix-tokens", "64", "--score-tokens", "64"],
+         "error: --prefix-tokens + --score-tokens must be at least 130, got 64 + 64: the first block is sealed at "
+         "token 128 (--residual 128), so no scored token would attend to a quantized block and every method "
+         "would score as lossless"),
+        (["eval", "ppl", "--prefix-tokens", "16", "--score-tokens", "16", "--residual", "32"],
+         "error: --prefix-tokens + --score-tokens must be at least 34, got 16 + 16: the first block is sealed at "
+         "token 32 (--residual 32), so no scored token would attend to a quantized block and every method "
+         "would score as lossless"),
+        (["eval", "ppl", "--score-tokens", "1"],
+         "error: --score-tokens must be at least 2, got 1: the first scored token is predicted by the exact "
+         "prefill, so nothing would be quantized"),
+        (["eval", "ppl", "--text", "/nonexistent.txt"], "error: --text must be a UTF-8 text file: /nonexistent.txt does not exist"),
+        (["eval", "ppl", "--text", "{}"], "error: --text must be a UTF-8 text file: {} is not a file"),
+        (["eval", "ppl", "--text", "{latin1.txt}"],
+         "error: --text must be a UTF-8 text file: {latin1.txt} is not UTF-8: byte 0xff at byte offset 6 "
+         "(invalid start byte)"),
+        (["eval", "ppl", "--text", "{nul.txt}"],
+         "error: --text must be a UTF-8 text file: {nul.txt} is not text: 97% of its characters are control "
+         "characters (the first, 0x00, at byte offset 3)"),
+        (["eval", "ppl", "--text", "{empty.txt}"], "error: --text must be a UTF-8 text file: {empty.txt} is empty"),
+        (["eval", "ppl", "--text", "{blank.txt}"], "error: --text must be a UTF-8 text file: {blank.txt} holds only whitespace"),
+        (["eval", "ppl", "--text", "{ten-words.txt}"],
+         "error: --text must hold --prefix-tokens 1024 + --score-tokens 1024 tokens: {ten-words.txt} has 52 bytes, "
+         "fewer than the 2048 needed"),
+        (["eval", "tni", "--text", "{ten-words.txt}"],
+         "error: --text must hold --tokens 1024 tokens: {ten-words.txt} has 52 bytes, fewer than the 1024 needed"),
+        (["eval", "ppl", "--model", "/nonexistent-model"],
+         "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
+         "config.json (no model is fetched from a hub)"),
     ],
 )
-def test_cli_bad_input_fails_early_with_a_clear_message(args, message):
-    r = _cli(*args, timeout=120)
-    assert r.returncode == 2
-    assert message in r.stderr
+def test_cli_bad_input_fails_early_with_one_line(tmp_path, args, line):
+    for name, data in BAD_FILES.items():
+        (tmp_path / name).write_bytes(data)
+
+    def fill(x):
+        return x.replace("{}", str(tmp_path)).replace("{", str(tmp_path) + "/").replace("}", "")
+
+    r = _cli(*map(fill, args), timeout=120)
+    assert (r.returncode, r.stderr, r.stdout) == (2, fill(line) + "\n", "")
+
+
+def test_cli_refuses_a_binary_file_naming_the_byte():
+    r = _cli("eval", "ppl", "--text", "/bin/ls", timeout=120)
+    data = open("/bin/ls", "rb").read()
+    with pytest.raises(UnicodeDecodeError) as e:  # where Python's strict UTF-8 decoder stops
+        data.decode("utf-8")
+    offset = e.value.start
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: --text must be a UTF-8 text file: /bin/ls is not UTF-8: byte 0x{data[offset]:02x} "
+                               f"at byte offset {offset} ("), r.stderr
+
+
+def test_cli_checks_the_text_before_loading_the_weights(tmp_path):
+    """A folder with the default model's config and tokenizer but no weights: the too-short text is
+    refused with the token count, so the check ran before any weight was read."""
+    from oscar_sgl.model import model_folder
+
+    for f in model_folder("default").iterdir():
+        if not f.name.endswith(".safetensors"):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    text = tmp_path / "words.txt"
+    text.write_bytes(BAD_FILES["500-words.txt"])
+    r = _cli("eval", "ppl", "--model", str(tmp_path), "--text", str(text), timeout=120)
+    assert (r.returncode, r.stderr) == (2, f"error: --text must hold --prefix-tokens 1024 + --score-tokens 1024 "
+                                           f"tokens: {text} has 501 tokens, fewer than the 2048 needed\n")
+
+
+def test_scored_tokens_see_sealed_blocks_exactly_where_the_cli_says(smollm2, emma_ids):
+    """`scored_with_sealed_history` (which the CLI's refusal rests on) against real scoring: with
+    prefix 64 and R = 128, 65 scored tokens never attend to a sealed block (same distributions as
+    full precision), 66 do (the last one sees the first 128 tokens quantized)."""
+    from oscar_sgl.cli import scored_with_sealed_history
+
+    model, _ = smollm2
+    cfg = OscarConfig(bits=2)
+    assert [scored_with_sealed_history(64, n, cfg) for n in (64, 65, 66, 1024)] == [0, 0, 1, 959]
+    assert scored_with_sealed_history(1024, 1024, cfg) == 1023
+    assert scored_with_sealed_history(1, 2, OscarConfig(residual=0)) == 1  # values seal every token
+    _, (none,) = perplexity(model, emma_ids[:, : 64 + 65], 64, [cfg])
+    _, (one,) = perplexity(model, emma_ids[:, : 64 + 66], 64, [cfg])
+    assert none.kl < 1e-6 and abs(none.delta_ppl_pct) < 1e-3, none
+    assert one.kl > 1e-4, one
+
+
+def test_model_path_reuses_the_converted_folder(tmp_path, monkeypatch):
+    """Once converted (the session's fixtures did it), the folder is reused: no conversion, nothing on
+    stderr. A folder of another conversion version (e.g. the bf16 one, which has no stamp) is not."""
+    from oscar_sgl import model as models
+
+    folder = models.model_folder("default")
+    r = _cli("model", "path", timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{folder}\n", "")
+    stamp = json.loads((folder / models.CONVERT_STAMP).read_text())
+    assert stamp["version"] == models.CONVERT_VERSION == 2
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:  # the GGUF's values, not rounded to bf16
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+    monkeypatch.setenv("OSCAR_SGL_HOME", str(tmp_path))
+    stale = models.converted_default_path()
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"")
+    assert not models._is_converted(stale)
+    (stale / models.CONVERT_STAMP).write_text(json.dumps({"version": 1}))
+    assert not models._is_converted(stale)
+    (stale / models.CONVERT_STAMP).write_text(json.dumps({"version": models.CONVERT_VERSION}))
+    assert models._is_converted(stale)
 
 
 def test_cli_ppl_json_report(tmp_path):
@@ -129,6 +250,8 @@ def test_cli_ppl_json_report(tmp_path):
     assert "full precision PPL" in r.stdout and "oscar" in r.stdout
     rep = json.loads(out.read_text())
     assert set(rep) >= {"model", "text", "baseline_ppl", "results"}
+    assert rep["scored_with_sealed_history"] == 63  # all but the first, predicted by the exact prefill
+    assert "(prefix 128, scored 64 tokens, 63 of them attend to sealed blocks)" in r.stdout
     assert [(x["method"], x["bits"]) for x in rep["results"]] == [("oscar", 2), ("kivi", 2)]
     for x in rep["results"]:
         assert set(x) >= {"method", "bits", "ppl", "delta_ppl_pct", "kl", "top1_agreement", "effective_bits"}

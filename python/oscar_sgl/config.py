@@ -1,13 +1,14 @@
 """`OscarConfig`: the one object that says how a KV cache is quantized.
 
 Validated at construction, so a bad value fails at flag parsing / model load with a message that
-names the field, never later inside a kernel.
+names the field (or, through `OscarConfig.from_flags`, the command-line flag), never later inside a
+kernel.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Callable, Literal, Mapping
 
 NormScope = Literal["layer", "head"]
 
@@ -29,6 +30,40 @@ class OscarConfigError(ValueError):
 
 def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
+
+
+#: Every int field stays below this, so it fits the Rust core's u32/i32 arguments.
+INT_FIELD_LIMIT = 2**31
+
+
+def check_fields(values: Mapping[str, object], name: Callable[[str], str] = str, *,
+                 zero_residual: bool = True) -> None:
+    """Raise `OscarConfigError` for the first field value `OscarConfig` cannot run with. Messages
+    say `name(field)` for each field they mention (a flag name for command-line front ends).
+    `zero_residual=False`: residual 0 (seal as early as the groups allow) is refused too."""
+    ints: dict[str, int] = {}
+    for field in ("bits", "k_group", "v_group", "residual"):
+        value = values[field]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OscarConfigError(f"{name(field)} must be an int, got {value!r}")
+        if value >= INT_FIELD_LIMIT:
+            raise OscarConfigError(f"{name(field)} must be below 2^31, got {value}")
+        ints[field] = value
+    bits, k_group, v_group, residual = (ints[f] for f in ("bits", "k_group", "v_group", "residual"))
+    if bits not in (2, 4):
+        raise OscarConfigError(f"{name('bits')} must be 2 or 4, got {bits}")
+    if not _is_pow2(k_group):
+        raise OscarConfigError(f"{name('k_group')} must be a positive power of two, got {k_group}")
+    if not _is_pow2(v_group):
+        raise OscarConfigError(f"{name('v_group')} must be a positive power of two, got {v_group}")
+    if residual < 0 or residual % k_group != 0 or (residual == 0 and not zero_residual):
+        raise OscarConfigError(
+            f"{name('residual')} must be a {'non-negative' if zero_residual else 'positive'} multiple "
+            f"of {name('k_group')} ({k_group}), "
+            f"so that no key group straddles a flush, got {residual}"
+        )
+    if values["norm_scope"] not in ("layer", "head"):
+        raise OscarConfigError(f"{name('norm_scope')} must be 'layer' or 'head', got {values['norm_scope']!r}")
 
 
 @dataclass(frozen=True)
@@ -55,23 +90,15 @@ class OscarConfig:
     norm_scope: NormScope = "layer"
 
     def __post_init__(self) -> None:
-        for name in ("bits", "k_group", "v_group", "residual"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise OscarConfigError(f"{name} must be an int, got {value!r}")
-        if self.bits not in (2, 4):
-            raise OscarConfigError(f"bits must be 2 or 4, got {self.bits}")
-        if not _is_pow2(self.k_group):
-            raise OscarConfigError(f"k_group must be a positive power of two, got {self.k_group}")
-        if not _is_pow2(self.v_group):
-            raise OscarConfigError(f"v_group must be a positive power of two, got {self.v_group}")
-        if self.residual < 0 or self.residual % self.k_group != 0:
-            raise OscarConfigError(
-                f"residual must be a non-negative multiple of k_group={self.k_group} "
-                f"(a key group must never straddle a flush), got {self.residual}"
-            )
-        if self.norm_scope not in ("layer", "head"):
-            raise OscarConfigError(f"norm_scope must be 'layer' or 'head', got {self.norm_scope!r}")
+        check_fields(self.to_dict())
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, str], *, zero_residual: bool = True, **values: object) -> "OscarConfig":
+        """The constructor for command-line front ends: a bad value raises `OscarConfigError` whose
+        message names the flag (``flags[field]``, e.g. ``{"bits": "--oscar-bits"}``), not the field.
+        ``zero_residual=False`` refuses residual 0 (a page size)."""
+        check_fields({**cls().to_dict(), **values}, lambda name: flags.get(name, name), zero_residual=zero_residual)
+        return cls(**values)  # type: ignore[arg-type]
 
     @classmethod
     def for_method(cls, method: str, **overrides: object) -> "OscarConfig":

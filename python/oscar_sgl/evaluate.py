@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -46,18 +45,11 @@ def chunk_bounds(start: int, end: int, cfg: OscarConfig | None) -> list[tuple[in
     return bounds
 
 
-def read_text(path: str | Path) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"text file not found: {p}")
-    return p.read_text(encoding="utf-8", errors="replace")
-
-
 def tokenize(tok: Any, text: str, n: int, source: str = "text") -> torch.Tensor:
     """The first `n` tokens of `text` as `[1, n]` (no special tokens added)."""
     ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
     if ids.shape[1] < n:
-        raise ValueError(f"{source} has {ids.shape[1]} tokens, the evaluation needs {n} (prefix + score)")
+        raise ValueError(f"{source} has {ids.shape[1]} tokens, fewer than the {n} needed")
     return ids[:, :n]
 
 

@@ -40,34 +40,41 @@ def _hook(target: str, kind: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add `--kv-cache` and the `--oscar-*` flags (defaults are `OscarConfig`'s)."""
+    """Add `--kv-cache` and the `--oscar-*` flags. Their defaults are `OscarConfig`'s, shown in the
+    help; on the namespace an unset flag is None (False for switches), so `validate.py` can tell a
+    flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
     from ..config import OscarConfig
 
     d = OscarConfig()
     g = parser.add_argument_group("OScaR KV cache (oscar-sgl plug-in)")
     g.add_argument(
         "--kv-cache", choices=KV_CACHE_CHOICES, default="default",
-        help="KV-cache format. 'oscar': OScaR INT2/INT4 (Walsh-Hadamard rotation + token scaling, "
-        "packed pages, BF16 staging for open pages); implies --attention-backend oscar and "
-        "--page-size = --oscar-page-size.",
+        help="KV-cache format (default: default, SGLang's own). 'oscar': OScaR INT2/INT4 (Walsh-Hadamard "
+        "rotation + token scaling, packed pages, BF16 staging for open pages); implies --attention-backend "
+        "oscar and --page-size = --oscar-page-size. The --oscar-* flags need it.",
     )
-    g.add_argument("--oscar-bits", type=int, default=d.bits, help="OScaR code width: 2 or 4.")
-    g.add_argument("--oscar-k-group", type=int, default=d.k_group,
-                   help="Tokens per key quantization group (per head and channel); divides the page size.")
-    g.add_argument("--oscar-v-group", type=int, default=d.v_group,
-                   help="Channels per value quantization group; divides head_dim.")
-    g.add_argument("--oscar-page-size", "--oscar-residual", dest="oscar_page_size", type=int,
-                   default=d.residual,
-                   help="Tokens per OScaR page = the BF16 residual window R; a multiple of --oscar-k-group. "
-                   "SGLang's --page-size follows it.")
-    g.add_argument("--oscar-norm-scope", choices=("layer", "head"), default=d.norm_scope,
-                   help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head'. "
-                   "Under tensor parallelism 'layer' means the heads of this rank.")
+    g.add_argument("--oscar-bits", type=int, metavar="{2,4}",
+                   help=f"Code width of the packed K/V, 2 or 4 bits (default: {d.bits}).")
+    g.add_argument("--oscar-k-group", type=int, metavar="G_K",
+                   help="Tokens per key quantization group (per head and channel), a power of two dividing "
+                   f"--oscar-page-size (default: {d.k_group}).")
+    g.add_argument("--oscar-v-group", type=int, metavar="G_V",
+                   help=f"Channels per value quantization group, a power of two dividing head_dim (default: {d.v_group}).")
+    g.add_argument("--oscar-page-size", "--oscar-residual", dest="oscar_page_size", type=int, metavar="R",
+                   help="Tokens per OScaR page = the BF16 residual window R, a positive multiple of --oscar-k-group "
+                   f"(default: {d.residual}). SGLang's --page-size follows it.")
+    g.add_argument("--oscar-norm-scope", choices=("layer", "head"),
+                   help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head' "
+                   f"(default: {d.norm_scope}). Under tensor parallelism 'layer' means the heads of this rank.")
     g.add_argument("--oscar-cuda-graph", action="store_true",
-                   help="Kept for compatibility: decode CUDA graphs are on by default with --kv-cache oscar "
-                   "(prefill graphs stay off); turn them off with SGLang's --disable-decode-cuda-graph.")
-    g.add_argument("--oscar-no-rotation", action="store_true", help="Ablation: no Walsh-Hadamard rotation.")
-    g.add_argument("--oscar-no-token-scaling", action="store_true", help="Ablation: no token scaling.")
+                   help="No effect, kept for compatibility: with --kv-cache oscar decode CUDA graphs are on by "
+                   "default on CUDA (prefill graphs stay off); SGLang's --disable-decode-cuda-graph turns them off.")
+    g.add_argument("--oscar-no-rotation", action="store_true",
+                   help="Ablation: skip the Walsh-Hadamard rotation of q/k/v ('scaling-only' in `oscar-sgl eval "
+                   "ppl`; 'kivi' with --oscar-no-token-scaling). Lower quality. Default: rotation on.")
+    g.add_argument("--oscar-no-token-scaling", action="store_true",
+                   help="Ablation: skip the omni-token scaling of the keys, storing no fp32 token scales "
+                   "('rotation-only' in `oscar-sgl eval ppl`). Lower quality. Default: token scaling on.")
 
 
 def oscar_config_of(server_args: Any):
@@ -92,11 +99,16 @@ def _around_add_cli_args(original: Callable[..., Any], parser: argparse.Argument
 
 @_hook("sglang.srt.server_args.ServerArgs.from_cli_args", "AROUND")
 def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argparse.Namespace) -> Any:
-    from .validate import SERVER_ARGS_ATTR, check_server_args, config_from_namespace
+    from ..cli import usage_error
+    from .validate import SERVER_ARGS_ATTR, OscarStartupError, check_server_args, config_from_namespace
 
-    cfg = config_from_namespace(args)
+    try:  # right after argparse, before anything heavy: one line and exit 2, like an argparse error
+        cfg = config_from_namespace(args)
+        if cfg is not None:
+            check_server_args(args, cfg)
+    except OscarStartupError as e:
+        usage_error(str(e))
     if cfg is not None:
-        check_server_args(args, cfg)
         args.attention_backend = BACKEND_NAME
         args.page_size = cfg.residual
         if getattr(args, "max_running_requests", None) is None:

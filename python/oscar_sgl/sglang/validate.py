@@ -23,35 +23,34 @@ class OscarStartupError(OscarConfigError):
     """A server configuration OScaR cannot run with (raised at startup)."""
 
 
+#: `OscarConfig` field -> (the server flag that sets it, its attribute on SGLang's namespace).
+FLAGS: dict[str, tuple[str, str]] = {
+    "bits": ("--oscar-bits", "oscar_bits"),
+    "k_group": ("--oscar-k-group", "oscar_k_group"),
+    "v_group": ("--oscar-v-group", "oscar_v_group"),
+    "residual": ("--oscar-page-size", "oscar_page_size"),
+    "norm_scope": ("--oscar-norm-scope", "oscar_norm_scope"),
+}
+
+
 def config_from_namespace(ns: Any) -> OscarConfig | None:
-    """The `OscarConfig` the `--oscar-*` flags describe, or None when `--kv-cache` is not `oscar`."""
+    """The `OscarConfig` the `--oscar-*` flags describe, or None when `--kv-cache` is not `oscar`
+    (then any `--oscar-*` flag given is an error). Unset flags are None (False for switches) and
+    take `OscarConfig`'s defaults."""
     if getattr(ns, "kv_cache", "default") != "oscar":
+        given = [name for name, value in vars(ns).items() if name.startswith("oscar_") and value not in (None, False)]
+        if given:
+            raise OscarStartupError(f"--{given[0].replace('_', '-')} needs --kv-cache oscar")
         return None
+    values = {field: getattr(ns, dest) for field, (_, dest) in FLAGS.items() if getattr(ns, dest, None) is not None}
     try:
-        return OscarConfig(
-            bits=ns.oscar_bits,
-            k_group=ns.oscar_k_group,
-            v_group=ns.oscar_v_group,
-            residual=ns.oscar_page_size,
-            rotation=not ns.oscar_no_rotation,
-            token_scaling=not ns.oscar_no_token_scaling,
-            norm_scope=ns.oscar_norm_scope,
+        return OscarConfig.from_flags(
+            {field: flag for field, (flag, _) in FLAGS.items()}, zero_residual=False,
+            rotation=not getattr(ns, "oscar_no_rotation", False),
+            token_scaling=not getattr(ns, "oscar_no_token_scaling", False), **values,
         )
     except OscarConfigError as e:
-        raise OscarStartupError(f"--kv-cache oscar: {_flagify(str(e))}") from None
-
-
-def _flagify(msg: str) -> str:
-    for field, flag in (
-        ("bits", "--oscar-bits"),
-        ("k_group", "--oscar-k-group"),
-        ("v_group", "--oscar-v-group"),
-        ("residual", "--oscar-page-size"),
-        ("norm_scope", "--oscar-norm-scope"),
-    ):
-        if msg.startswith(field + " "):
-            return flag + msg[len(field):]
-    return msg
+        raise OscarStartupError(str(e)) from None
 
 
 def check_server_args(ns: Any, cfg: OscarConfig) -> None:
@@ -59,28 +58,29 @@ def check_server_args(ns: Any, cfg: OscarConfig) -> None:
     page = getattr(ns, "page_size", None)
     if page is not None and page != cfg.residual:
         raise OscarStartupError(
-            f"--kv-cache oscar: --page-size {page} differs from --oscar-page-size {cfg.residual}; "
-            "an OScaR page is the unit of sealing, so SGLang's page must be the same "
-            "(omit --page-size and it follows --oscar-page-size)"
+            f"--page-size must equal --oscar-page-size ({cfg.residual}) with --kv-cache oscar, got {page}: "
+            "an OScaR page is the unit of sealing (omit --page-size and it follows --oscar-page-size)"
         )
     if getattr(ns, "oscar_cuda_graph", False) and str(getattr(ns, "device", None) or "cuda").startswith("cpu"):
-        raise OscarStartupError("--oscar-cuda-graph keeps CUDA graphs of decode steps: it needs a CUDA device, not --device cpu")
+        raise OscarStartupError(
+            "--oscar-cuda-graph needs a CUDA device (it keeps CUDA graphs of decode steps), got --device cpu"
+        )
     backend = getattr(ns, "attention_backend", None)
     if backend not in (None, "oscar"):
         raise OscarStartupError(
-            f"--kv-cache oscar needs the oscar attention backend, got --attention-backend {backend}; "
-            "omit --attention-backend"
+            f"--attention-backend must be oscar with --kv-cache oscar (omit it), got {backend}"
         )
     for name in ("prefill_attention_backend", "decode_attention_backend"):
         value = getattr(ns, name, None)
         if value not in (None, "oscar"):
             raise OscarStartupError(
-                f"--kv-cache oscar: --{name.replace('_', '-')} {value} would read the packed pool as BF16; omit it"
+                f"--{name.replace('_', '-')} must be omitted with --kv-cache oscar "
+                f"(it would read the packed pool as BF16), got {value}"
             )
     kv_dtype = getattr(ns, "kv_cache_dtype", "auto")
     if kv_dtype not in (None, "auto", "bfloat16", "bf16", "float16", "float32"):
         raise OscarStartupError(
-            f"--kv-cache oscar replaces --kv-cache-dtype {kv_dtype}; use one or the other"
+            f"--kv-cache-dtype must be omitted with --kv-cache oscar (OScaR replaces it), got {kv_dtype}"
         )
     rejected = [
         (bool(getattr(ns, "enable_hierarchical_cache", False)), "--enable-hierarchical-cache (HiCache)",
@@ -98,7 +98,7 @@ def check_server_args(ns: Any, cfg: OscarConfig) -> None:
     ]
     for bad, flag, why in rejected:
         if bad:
-            raise OscarStartupError(f"--kv-cache oscar is not compatible with {flag}: {why}")
+            raise OscarStartupError(f"{flag} cannot be combined with --kv-cache oscar: {why}")
     check_cpu_tensor_parallel(ns)
 
 
@@ -126,10 +126,10 @@ def check_cpu_tensor_parallel(ns: Any) -> None:
     except OSError:
         return
     raise OscarStartupError(
-        f"--kv-cache oscar --device cpu --tp-size {ns.tp_size}: this CUDA build of torch ships "
-        "libnccl.so.2, so SGLang 0.5.23 would build a PyNccl communicator on the CPU and fail "
-        "('Expected a cuda device, but got: cpu'); set SGLANG_NCCL_SO_PATH=none (a path that does "
-        "not load) so SGLang all-reduces through torch.distributed (gloo), and on a machine with "
+        f"--tp-size {ns.tp_size} with --device cpu and --kv-cache oscar needs SGLANG_NCCL_SO_PATH=none: "
+        "this CUDA build of torch ships libnccl.so.2, so SGLang 0.5.23 would build a PyNccl communicator on the CPU and fail "
+        "('Expected a cuda device, but got: cpu'); SGLANG_NCCL_SO_PATH=none (a path that does "
+        "not load) makes SGLang all-reduce through torch.distributed (gloo), and on a machine with "
         "fewer NUMA nodes than ranks set SGLANG_CPU_OMP_THREADS_BIND to one core list per rank "
         "(e.g. '0|1|0')"
     )

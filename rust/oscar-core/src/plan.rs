@@ -32,7 +32,7 @@ impl QuantFormat {
                 self.v_group
             )));
         }
-        if head_dim == 0 || !(head_dim * self.bits).is_multiple_of(8) {
+        if head_dim == 0 || !(u64::from(head_dim) * u64::from(self.bits)).is_multiple_of(8) {
             return Err(Error::layout(format!(
                 "head_dim={head_dim} does not pack into whole bytes at {} bits",
                 self.bits
@@ -73,11 +73,23 @@ impl QuantFormat {
             )));
         }
         let (h, d, p) = (u64::from(kv_heads), u64::from(head_dim), u64::from(page_size));
-        let codes = 2 * p * d * u64::from(self.bits) / 8;
-        let k_params = 4 * d * (p / u64::from(self.k_group));
-        let v_params = 4 * (d / u64::from(self.v_group)) * p;
-        Ok(h * (codes + k_params + v_params) + 4 * u64::from(self.scale_columns) * p)
+        let codes = product(&[2, p, d, u64::from(self.bits)])? / 8;
+        let k_params = product(&[4, d, p / u64::from(self.k_group)])?;
+        let v_params = product(&[4, d / u64::from(self.v_group), p])?;
+        let scales = product(&[4, u64::from(self.scale_columns), p])?;
+        let per_head = codes.checked_add(k_params).and_then(|x| x.checked_add(v_params));
+        per_head.and_then(|x| x.checked_mul(h)).and_then(|x| x.checked_add(scales)).ok_or_else(overflow)
     }
+}
+
+fn overflow() -> Error {
+    Error::layout("the byte count of one page overflows 64 bits (the shape or page size is too large)")
+}
+
+/// The product of `factors`, or a layout error when it does not fit in a u64 (release builds would
+/// wrap around silently).
+fn product(factors: &[u64]) -> Result<u64> {
+    factors.iter().try_fold(1u64, |acc, &x| acc.checked_mul(x)).ok_or_else(overflow)
 }
 
 /// Model dimensions that size a KV cache (per rank).
@@ -141,10 +153,13 @@ pub fn plan_memory(
     if shape.layers == 0 {
         return Err(Error::layout("layers must be positive"));
     }
+    if page_size == 0 {
+        return Err(Error::layout("page_size must be positive"));
+    }
     quant.check(shape.kv_heads, shape.head_dim)?;
     let (l, h, d, p) =
         (u64::from(shape.layers), u64::from(shape.kv_heads), u64::from(shape.head_dim), u64::from(page_size));
-    let bf16_page = l * h * d * 2 * 2 * p;
+    let bf16_page = product(&[l, h, d, 2, 2, p])?;
     let staging_bytes =
         staging_pages.checked_mul(bf16_page).ok_or_else(|| Error::layout("staging bytes overflow u64"))?;
     KvDtype::ALL
@@ -157,7 +172,7 @@ pub fn plan_memory(
                     let q = QuantFormat { bits: if dtype == KvDtype::Int4 { 4 } else { 2 }, ..quant };
                     let per_layer = q.bytes_per_page_layer(shape.kv_heads, shape.head_dim, page_size)?;
                     let bpt = q.bytes_per_token(shape.kv_heads, shape.head_dim)? * l as f64;
-                    (per_layer * l, bpt, staging_bytes)
+                    (per_layer.checked_mul(l).ok_or_else(overflow)?, bpt, staging_bytes)
                 }
             };
             let pages = budget_bytes.saturating_sub(staging) / page_bytes;
@@ -215,6 +230,15 @@ mod tests {
         assert_eq!(plans[3].staging_bytes, 64 * 128 * 128 * 1024);
         assert!(plan_memory(shape, LAYER, 80, 0, 1 << 30).is_err());
         assert!(plan_memory(ModelShape { layers: 0, ..shape }, LAYER, 128, 0, 1 << 30).is_err());
+        assert!(plan_memory(shape, LAYER, 0, 0, 1 << 30).is_err()); // not a division by zero
+    }
+
+    #[test]
+    fn byte_counts_that_overflow_are_errors() {
+        let huge = ModelShape { layers: u32::MAX, kv_heads: u32::MAX, head_dim: 1 << 31 };
+        let err = plan_memory(huge, QuantFormat { v_group: 1, ..LAYER }, 1 << 31, 0, u64::MAX).unwrap_err();
+        assert!(matches!(err, Error::Layout(_)) && err.to_string().contains("overflows 64 bits"), "{err}");
+        assert!(LAYER.bytes_per_page_layer(u32::MAX, 1 << 31, 1 << 31).is_err());
     }
 
     #[test]
