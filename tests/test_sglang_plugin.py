@@ -88,8 +88,10 @@ def test_decode_cuda_graphs_on_by_default_on_cuda_and_prefill_graphs_always_off(
         assert not sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
     sa = parse("--kv-cache", "oscar", "--device", "cuda", "--disable-decode-cuda-graph")
     assert sa.disable_decode_cuda_graph
-    with pytest.raises(OscarStartupError, match="needs a CUDA device"):
-        parse("--kv-cache", "oscar", "--oscar-cuda-graph", "--device", "cpu")
+
+def test_oscar_cuda_graph_on_cpu_is_one_line(parse, capsys):
+    assert "needs a CUDA device" in _startup_error(parse, capsys, "--kv-cache", "oscar", "--oscar-cuda-graph",
+                                                   "--device", "cpu")
 
 
 def test_default_kv_cache_is_untouched(parse):
@@ -242,7 +244,7 @@ def test_help_lists_the_flags():
     # Every OScaR flag says its default (argparse wraps help lines, so compare without whitespace).
     flat = "".join(out.stdout.split())
     for shown in ("Codewidthofthepacked", "(default:2)", "(default:32)", "(default:128)", "(default:layer)",
-                  "Default:rotationon", "Default:tokenscalingon", "Default:off"):
+                  "Default:rotationon", "Default:tokenscalingon", "decodeCUDAgraphsareonbydefaultonCUDA"):
         assert shown in flat, shown
 
 
