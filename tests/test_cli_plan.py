@@ -39,14 +39,14 @@ def test_plan_llama_shape():
         (["--shape", "32,8,4294967296", "--gpu-mem-gb", "80"],
          "error: --shape must be LAYERS,KV_HEADS,HEAD_DIM, three positive integers below 2^31, got 32,8,4294967296"),
         (["--shape", "32,8,96", "--gpu-mem-gb", "80"],
-         "error: --shape must describe a KV cache OScaR can quantize and the planner can count: head_dim must be "
-         "a power of two for the Walsh-Hadamard rotation, got 96"),
+         "error: --shape must describe a KV cache OScaR can quantize and the planner can count: the model's "
+         "head_dim must be a power of two for the Walsh-Hadamard rotation, got 96"),
         (["--shape", "2000000000,2000000000,1073741824", "--gpu-mem-gb", "80"],
          "error: --shape must describe a KV cache OScaR can quantize and the planner can count: the byte count of "
          "one page overflows 64 bits (the shape or page size is too large)"),
         (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--page-size", "100"],
-         "error: --page-size must be a positive multiple of --k-group (32), so that no key group straddles a "
-         "flush, got 100"),
+         "error: --page-size must be a positive multiple of --k-group (32), got 100: a page is sealed whole, and "
+         "no key group may straddle a seal"),
         (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--page-size", "0"],
          "error: --page-size must be a positive integer below 2^31, got 0"),
         (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--k-group", "7"],

@@ -10,9 +10,10 @@ from oscar_sgl import OscarConfig, OscarConfigError
         ({"bits": 8}, "bits must be 2 or 4"),
         ({"k_group": 24}, "k_group must be a positive power of two"),
         ({"v_group": 0}, "v_group must be a positive power of two"),
-        ({"residual": 100}, r"residual must be a non-negative multiple of k_group \(32\)"),
+        ({"page_size": 100}, r"page_size must be a positive multiple of k_group \(32\), got 100"),
+        ({"page_size": 0}, r"page_size must be a positive multiple of k_group \(32\), got 0"),
         ({"k_group": 2**31}, r"k_group must be below 2\^31, got 2147483648"),
-        ({"residual": -32}, "residual must be a non-negative multiple"),
+        ({"page_size": -32}, "page_size must be a positive multiple"),
         ({"norm_scope": "rank"}, "norm_scope must be 'layer' or 'head'"),
         ({"bits": True}, "bits must be an int"),
         ({"bits": 2.0}, "bits must be an int"),
@@ -28,23 +29,23 @@ def test_bad_config_rejected_at_construction(kwargs, match):
     [
         ({"bits": 3}, "--oscar-bits must be 2 or 4, got 3"),
         ({"k_group": 7}, "--oscar-k-group must be a positive power of two, got 7"),
-        ({"residual": 100}, "--oscar-page-size must be a positive multiple of --oscar-k-group (32), "
-                            "so that no key group straddles a flush, got 100"),
-        ({"residual": 0}, "--oscar-page-size must be a positive multiple of --oscar-k-group (32), "
-                          "so that no key group straddles a flush, got 0"),
-        ({"k_group": 16, "residual": 40}, "--oscar-page-size must be a positive multiple of --oscar-k-group (16), "
-                                          "so that no key group straddles a flush, got 40"),
+        ({"page_size": 100}, "--oscar-page-size must be a positive multiple of --oscar-k-group (32), got 100: "
+                             "a page is sealed whole, and no key group may straddle a seal"),
+        ({"page_size": 0}, "--oscar-page-size must be a positive multiple of --oscar-k-group (32), got 0: "
+                           "a page is sealed whole, and no key group may straddle a seal"),
+        ({"k_group": 16, "page_size": 40}, "--oscar-page-size must be a positive multiple of --oscar-k-group (16), "
+                                           "got 40: a page is sealed whole, and no key group may straddle a seal"),
     ],
 )
 def test_from_flags_names_the_flags(kwargs, message):
-    flags = {"bits": "--oscar-bits", "k_group": "--oscar-k-group", "residual": "--oscar-page-size"}
+    flags = {"bits": "--oscar-bits", "k_group": "--oscar-k-group", "page_size": "--oscar-page-size"}
     with pytest.raises(OscarConfigError) as e:
-        OscarConfig.from_flags(flags, zero_residual=False, **kwargs)
+        OscarConfig.from_flags(flags, **kwargs)
     assert str(e.value) == message
 
 
 def test_from_flags_builds_the_same_config():
-    assert OscarConfig.from_flags({}, bits=4, residual=0) == OscarConfig(bits=4, residual=0)
+    assert OscarConfig.from_flags({}, bits=4, page_size=64) == OscarConfig(bits=4, page_size=64)
     assert OscarConfig.from_flags({"bits": "--bits"}, bits=4, rotation=False) == OscarConfig(bits=4, rotation=False)
 
 
@@ -60,12 +61,12 @@ def test_bad_head_dim_rejected(head_dim, match):
 
 
 def test_v_group_must_divide_head_dim():
-    with pytest.raises(OscarConfigError, match="v_group=128 must divide head_dim=64"):
+    with pytest.raises(OscarConfigError, match=r"the value group \(v_group 128\) must divide the model's head_dim, got 64"):
         OscarConfig(v_group=128).check_shape(3, 64)
 
 
 def test_bytes_per_token_matches_spec_table():
-    # OSCAR.md §3, Llama-3.1-8B shape: 96.5 B (INT2) and 160.5 B (INT4) per token per layer.
+    # docs/OSCAR.md §3, Llama-3.1-8B shape: 96.5 B (INT2) and 160.5 B (INT4) per token per layer.
     assert OscarConfig(bits=2).bytes_per_token(8, 128) == pytest.approx(8 * 96.5)
     assert OscarConfig(bits=4).bytes_per_token(8, 128) == pytest.approx(8 * 160.5)
     assert OscarConfig(bits=2).effective_bits(8, 128) == pytest.approx(3.0156, abs=1e-4)
@@ -76,12 +77,9 @@ def test_bytes_per_token_matches_spec_table():
     assert OscarConfig(k_group=128).bytes_per_token(8, 128) / 8 == pytest.approx(84.5)
 
 
-def test_methods_and_flush_sizes():
+def test_methods():
     assert OscarConfig.for_method("kivi").method == "kivi"
     assert (OscarConfig.for_method("rotation-only").rotation, OscarConfig.for_method("rotation-only").token_scaling) == (True, False)
     assert OscarConfig.for_method("scaling-only").method == "scaling-only"
     with pytest.raises(OscarConfigError, match="unknown method"):
         OscarConfig.for_method("turbo")
-    cfg = OscarConfig(residual=0)
-    assert (cfg.k_flush, cfg.v_flush) == (32, 1)
-    assert (OscarConfig().k_flush, OscarConfig().v_flush) == (128, 128)

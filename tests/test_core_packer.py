@@ -87,7 +87,7 @@ def _rust_v(x: np.ndarray, bits: int, v_group: int) -> tuple[bytes, bytes]:
 
 
 def _cfg(bits: int, k_group: int = 32, v_group: int = 32) -> OscarConfig:
-    return OscarConfig(bits=bits, k_group=k_group, v_group=v_group, residual=0)
+    return OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group)
 
 
 @SETTINGS
@@ -243,7 +243,7 @@ def test_non_finite_and_short_buffers_raise() -> None:
 def test_bytes_per_token_equals_config(
     bits: int, kv_heads: int, head_dim: int, k_group: int, v_group: int, token_scaling: bool, scope: str
 ) -> None:
-    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, residual=0, rotation=False, token_scaling=token_scaling, norm_scope=scope)  # type: ignore[arg-type]
+    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, rotation=False, token_scaling=token_scaling, norm_scope=scope)  # type: ignore[arg-type]
     assume(head_dim % v_group == 0)
     kw = dict(kv_heads=kv_heads, head_dim=head_dim, bits=bits, k_group=k_group, v_group=v_group, scale_columns=cfg.scale_columns(kv_heads))
     assert _core.bytes_per_token(**kw) == cfg.bytes_per_token(kv_heads, head_dim)

@@ -11,18 +11,18 @@ from oscar_sgl import OscarCache, OscarConfig
 from oscar_sgl.evaluate import chunk_bounds, perplexity, tni_stats
 
 
-def test_chunk_bounds_land_on_every_flush_point():
-    cfg = OscarConfig(residual=128)
+def test_chunk_bounds_land_on_every_page_boundary():
+    cfg = OscarConfig(page_size=128)
     assert chunk_bounds(100, 400, cfg) == [(100, 128), (128, 256), (256, 384), (384, 400)]
-    assert chunk_bounds(0, 3, OscarConfig(residual=0)) == [(0, 1), (1, 2), (2, 3)]
+    assert chunk_bounds(0, 40, OscarConfig(k_group=16, page_size=16)) == [(0, 16), (16, 32), (32, 40)]
 
 
-@pytest.mark.parametrize("residual", [32, 0])
-def test_chunked_scoring_equals_token_by_token_decoding(smollm2, emma_ids, residual):
+@pytest.mark.parametrize("page_size", [32, 16])
+def test_chunked_scoring_equals_token_by_token_decoding(smollm2, emma_ids, page_size):
     """R-aligned chunks with a causal mask give the next-token distributions of one-token-at-a-time
     decoding (to fp32 rounding, at any thread count)."""
     model, _ = smollm2
-    cfg = OscarConfig(bits=2, residual=residual)
+    cfg = OscarConfig(bits=2, k_group=16, page_size=page_size)
     prefix, end = 40, 40 + 48
     ids = emma_ids[:, :end]
     with torch.inference_mode():
@@ -119,9 +119,11 @@ BAD_FILES = {
     "args, line",
     [
         (["eval", "ppl", "--bits", "3"], "error: --bits must be one of 2, 4, got 3"),
-        (["eval", "ppl", "--residual", "100"],
-         "error: --residual must be a non-negative multiple of --k-group (32), so that no key group straddles a "
-         "flush, got 100"),
+        (["eval", "ppl", "--page-size", "100"],
+         "error: --page-size must be a positive multiple of --k-group (32), got 100: a page is sealed whole, and "
+         "no key group may straddle a seal"),
+        (["eval", "ppl", "--residual", "0"],  # the old name of --page-size
+         "error: --page-size must be a positive integer below 2^31, got 0"),
         (["eval", "ppl", "--k-group", "24"], "error: --k-group must be a positive power of two, got 24"),
         (["eval", "ppl", "--methods", "turbo"],
          "error: --methods must be one of 'kivi', 'oscar', 'rotation-only', 'scaling-only', got 'turbo'"),
@@ -133,12 +135,12 @@ BAD_FILES = {
         (["eval", "tni", "--png", "/missing-dir/t.png"],
          "error: --png must be a file in an existing folder, got /missing-dir/t.png (/missing-dir does not exist)"),
         (["eval", "ppl", "--prefix-tokens", "64", "--score-tokens", "64"],
-         "error: --prefix-tokens + --score-tokens must be at least 130, got 64 + 64: the first block is sealed at "
-         "token 128 (--residual 128), so no scored token would attend to a quantized block and every method "
+         "error: --prefix-tokens + --score-tokens must be at least 130, got 64 + 64: the first page is sealed at "
+         "token 128 (--page-size 128), so no scored token would attend to a quantized block and every method "
          "would score as lossless"),
-        (["eval", "ppl", "--prefix-tokens", "16", "--score-tokens", "16", "--residual", "32"],
-         "error: --prefix-tokens + --score-tokens must be at least 34, got 16 + 16: the first block is sealed at "
-         "token 32 (--residual 32), so no scored token would attend to a quantized block and every method "
+        (["eval", "ppl", "--prefix-tokens", "16", "--score-tokens", "16", "--page-size", "32"],
+         "error: --prefix-tokens + --score-tokens must be at least 34, got 16 + 16: the first page is sealed at "
+         "token 32 (--page-size 32), so no scored token would attend to a quantized block and every method "
          "would score as lossless"),
         (["eval", "ppl", "--score-tokens", "1"],
          "error: --score-tokens must be at least 2, got 1: the first scored token is predicted by the exact "
@@ -210,7 +212,8 @@ def test_scored_tokens_see_sealed_blocks_exactly_where_the_cli_says(smollm2, emm
     cfg = OscarConfig(bits=2)
     assert [scored_with_sealed_history(64, n, cfg) for n in (64, 65, 66, 1024)] == [0, 0, 1, 959]
     assert scored_with_sealed_history(1024, 1024, cfg) == 1023
-    assert scored_with_sealed_history(1, 2, OscarConfig(residual=0)) == 1  # values seal every token
+    assert scored_with_sealed_history(1, 32, OscarConfig(page_size=32)) == 0  # the first page seals at 32
+    assert scored_with_sealed_history(1, 33, OscarConfig(page_size=32)) == 1
     _, (none,) = perplexity(model, emma_ids[:, : 64 + 65], 64, [cfg])
     _, (one,) = perplexity(model, emma_ids[:, : 64 + 66], 64, [cfg])
     assert none.kl < 1e-6 and abs(none.delta_ppl_pct) < 1e-3, none

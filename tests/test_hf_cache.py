@@ -33,7 +33,7 @@ def test_generates_and_reports_true_memory(smollm2, emma_ids):
 
 def test_each_token_quantized_exactly_once(smollm2, emma_ids):
     model, _ = smollm2
-    cache = OscarCache(model.config, OscarConfig(bits=2, residual=32))
+    cache = OscarCache(model.config, OscarConfig(bits=2, page_size=32))
     layer = cache.layers[0]
     with torch.inference_mode():
         model(emma_ids[:, :40], past_key_values=cache)
@@ -90,7 +90,7 @@ def test_rejects_unsupported_model_shape_at_construction(smollm2):
 def test_batch_of_two_sequences(smollm2, emma_ids):
     model, _ = smollm2
     ids = torch.cat([emma_ids[:, :64], emma_ids[:, 500:564]])
-    cache = OscarCache(model.config, OscarConfig(bits=4, residual=32))
+    cache = OscarCache(model.config, OscarConfig(bits=4, page_size=32))
     with torch.inference_mode():
         out = model(ids, past_key_values=cache).logits
         ref_out = model(ids).logits

@@ -33,7 +33,7 @@ def _decode(pool, q, *, out=None, **kw):
 @pytest.mark.parametrize("bits,d,group,p", CASES)
 def test_decode_matches_reference(bits, d, group, p, nan_empty):
     h = 2 if d < 256 else 1
-    cfg = OscarConfig(bits=bits, residual=p)
+    cfg = OscarConfig(bits=bits, page_size=p)
     pool = build_pool(cfg, h=h, d=d, p=p, lens=_lens(p), last_sealed={3}, seed=bits * 100 + d + group)
     q = torch.randn(len(_lens(p)), h * group, d).bfloat16().to(DEVICE)
     out = torch.full(q.shape, float("nan"), device=DEVICE)
@@ -43,7 +43,7 @@ def test_decode_matches_reference(bits, d, group, p, nan_empty):
 
 
 def test_decode_bf16_output_and_default_splits(nan_empty):
-    cfg = OscarConfig(bits=2, residual=64)
+    cfg = OscarConfig(bits=2, page_size=64)
     pool = build_pool(cfg, h=2, d=128, p=64, lens=_lens(64), last_sealed={3}, seed=1)
     q = torch.randn(6, 8, 128).bfloat16().to(DEVICE)
     out = _decode(pool, q)  # allocated (NaN-poisoned by the fixture), dtype of q
@@ -53,7 +53,7 @@ def test_decode_bf16_output_and_default_splits(nan_empty):
 
 
 def test_decode_split_count_does_not_change_the_result(nan_empty):
-    cfg = OscarConfig(bits=4, residual=32)
+    cfg = OscarConfig(bits=4, page_size=32)
     pool = build_pool(cfg, h=1, d=64, p=32, lens=[5 * 32 + 7, 3, 64], last_sealed={2}, seed=2)
     q = torch.randn(3, 4, 64).bfloat16().to(DEVICE)
     outs = [_decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=n) for n in (1, 3, 8)]
@@ -66,7 +66,7 @@ def test_decode_split_count_does_not_change_the_result(nan_empty):
 @pytest.mark.parametrize("bits", [2, 4])
 def test_decode_constant_and_zero_groups(bits, nan_empty):
     """All-zero and constant pages, constant channels/groups: finite and still the reference."""
-    cfg = OscarConfig(bits=bits, residual=32)
+    cfg = OscarConfig(bits=bits, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[70, 64, 40], kinds={0: "zero", 1: "constant", 2: "mixed"}, last_sealed={1}, seed=3)
     q = torch.randn(3, 4, 64).bfloat16().to(DEVICE)
     out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=2)
@@ -78,7 +78,7 @@ def test_decode_constant_and_zero_groups(bits, nan_empty):
 
 @pytest.mark.parametrize("method,scope", [("kivi", "layer"), ("rotation-only", "layer"), ("scaling-only", "head"), ("oscar", "head")])
 def test_decode_ablations(method, scope, nan_empty):
-    cfg = OscarConfig.for_method(method, bits=2, residual=32, norm_scope=scope)
+    cfg = OscarConfig.for_method(method, bits=2, page_size=32, norm_scope=scope)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[100, 31, 64], last_sealed={2}, seed=4)
     q = torch.randn(3, 6, 64).bfloat16().to(DEVICE)
     out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=2)
@@ -89,7 +89,7 @@ def test_decode_ablations(method, scope, nan_empty):
 @pytest.mark.parametrize("bits,k_group,v_group,p,block_n", [(2, 64, 64, 64, 32), (4, 128, 32, 128, 64), (2, 32, 16, 64, 64), (4, 32, 64, 128, 128)])
 def test_decode_group_sizes_and_tiles(bits, k_group, v_group, p, block_n, nan_empty):
     """Key groups larger and smaller than the tile, value groups of 16..64 channels."""
-    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, residual=p)
+    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=p)
     pool = build_pool(cfg, h=1, d=64, p=p, lens=[3 * p + 5, p], last_sealed={1}, seed=20 + k_group + v_group)
     q = torch.randn(2, 4, 64).bfloat16().to(DEVICE)
     out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=2, block_n=block_n)
@@ -105,7 +105,7 @@ def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefet
     (long loops: the prefetch of a tile's next page, the masked prefetch past the end) and several
     (empty splits)."""
     p = 32
-    cfg = OscarConfig(bits=bits, residual=p)
+    cfg = OscarConfig(bits=bits, page_size=p)
     pool = build_pool(cfg, h=2, d=d, p=p, lens=[1, p + 1, 5 * p + 3, 2 * p], last_sealed={3}, seed=30 + bits + group)
     q = torch.randn(4, 2 * group, d).bfloat16().to(DEVICE)
     ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
@@ -123,7 +123,7 @@ def test_decode_rising_logits_rescale_the_running_sums(bits, group, block_n, nan
     unrescaled (2^36): the running max moves tile after tile and every split's acc / l are rescaled
     on the way; the transposed, prefetching path gives the reference and the plain path."""
     p = 32
-    cfg = OscarConfig(bits=bits, residual=p)
+    cfg = OscarConfig(bits=bits, page_size=p)
     pool = build_pool(cfg, h=1, d=64, p=p, lens=[9 * p + 5, 4 * p], kinds={0: "rising", 1: "rising"}, last_sealed={1}, seed=40 + bits)
     q = torch.randn(2, group, 64, generator=torch.Generator().manual_seed(bits)).bfloat16().to(DEVICE)
     ref = reference_decode(pool, q, 1.0 / 8)
@@ -137,7 +137,7 @@ def test_decode_rising_logits_rescale_the_running_sums(bits, group, block_n, nan
 def test_decode_after_write_with_fused_query_rotation(nan_empty):
     """One decode step as the backend runs it: the write launch stages the new token and rotates
     the query; decode reads the rotated query; then compare with the reference."""
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     p, h, d, g = 32, 2, 64, 4
     lens = [40, 96]  # the new token is the last one of each request
     pool = build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], seed=5)
@@ -168,7 +168,7 @@ def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
     """The decode launch with the write fused (new_k/new_v/new_loc, query rotation in-kernel,
     merge in-kernel) stages exactly the bytes the separate write launch stages, skips a padding
     request (page 0, mapped to -1), and gives the same attention as write launch + decode."""
-    cfg = OscarConfig.for_method(method, bits=2, residual=32, norm_scope=scope)
+    cfg = OscarConfig.for_method(method, bits=2, page_size=32, norm_scope=scope)
     p, h, d, g = 32, 2, 64, 4
     lens = [40, 96, 64]  # request 2 is a padding row: its token goes to page 0
     pools = [build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], seed=9) for _ in range(2)]
@@ -202,7 +202,7 @@ def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
 def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(nan_empty):
     """Replays reuse the workspace: the in-kernel merge must leave every counter at zero, and it
     must give the separate merge launch's result."""
-    cfg = OscarConfig(bits=4, residual=32)
+    cfg = OscarConfig(bits=4, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[7 * 32 + 5, 1, 64], last_sealed={2}, seed=11)
     q = torch.randn(3, 6, 64).bfloat16().to(DEVICE)
     ws = decode_workspace(3, 6, 2, 64, 5, DEVICE)
@@ -216,7 +216,7 @@ def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(na
 
 def test_decode_cuda_graph_shape_does_not_depend_on_lengths(nan_empty):
     """Same launch (batch, splits, workspace) serves other lengths: nothing about lengths is baked in."""
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     for seed, lens in ((6, [33, 1]), (7, [200, 64])):
         pool = build_pool(cfg, h=1, d=64, p=32, lens=lens, seed=seed)
         q = torch.randn(2, 2, 64).bfloat16().to(DEVICE)
@@ -236,7 +236,7 @@ def test_decode_cuda_graph_shape_does_not_depend_on_lengths(nan_empty):
 def test_decode_gpu_real_sizes(bits, block_n, num_warps, transposed, prefetch, nan_empty):
     """Llama-3.1-8B attention shape on CUDA with the inline-PTX dequantization, every stage-1 variant."""
     p, h, g, d = 128, 8, 4, 128
-    cfg = OscarConfig(bits=bits, residual=p)
+    cfg = OscarConfig(bits=bits, page_size=p)
     lens = [4096 + 77, 128, 1, 8192, 129, 3 * 128]
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed={1, 5}, kinds={4: "mixed"}, device=torch.device("cuda"), seed=8)
     q = torch.randn(len(lens), h * g, d).bfloat16().cuda()
@@ -257,7 +257,7 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
     graph and replayed for two consecutive steps with new lengths, slots, tokens and queries in the
     captured buffers gives what eager launches give: outputs and staged bytes."""
     p, h, g, d = 128, 8, 4, 128
-    cfg = OscarConfig(bits=bits, residual=p)
+    cfg = OscarConfig(bits=bits, page_size=p)
     lens = [1000, 300, 129]
     pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens, device=torch.device("cuda"), seed=12) for _ in range(2)]
     gen = torch.Generator(device="cuda").manual_seed(13)

@@ -48,7 +48,7 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("d,group,p", [(64, 1, 32), (128, 4, 64), (64, 3, 32)])
 def test_extend_matches_reference(bits, d, group, p):
-    cfg = OscarConfig(bits=bits, residual=p)
+    cfg = OscarConfig(bits=bits, page_size=p)
     # fresh prompt; a sealed prefix; a sealed + open (partial) prefix; one new token after 2 pages
     # and a full prefix page still open in staging (not sealed yet)
     cases = [(0, 37), (p, 5), (p + 13, 20), (2 * p, 1), (2 * p, 3)]
@@ -59,39 +59,39 @@ def test_extend_matches_reference(bits, d, group, p):
 def test_extend_fresh_prompt_is_exact_attention():
     """No cached prefix: plain causal attention on the BF16 inputs (only fp32 accumulation and the
     bf16 probabilities of the P.V product differ from an fp32 softmax)."""
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     err = _run(cfg, h=1, group=4, d=128, p=32, cases=[(0, 50), (0, 1)], seed=9)
     assert err < 3e-3, f"relative RMS {err:.2e}"
 
 
 @pytest.mark.parametrize("method", ["kivi", "scaling-only"])
 def test_extend_ablations(method):
-    cfg = OscarConfig.for_method(method, bits=2, residual=32)
+    cfg = OscarConfig.for_method(method, bits=2, page_size=32)
     err = _run(cfg, h=1, group=2, d=64, p=32, cases=[(45, 9), (32, 3)], seed=10, use_write_q=True)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
 def test_extend_with_fused_query_rotation():
-    cfg = OscarConfig(bits=4, residual=32)
+    cfg = OscarConfig(bits=4, page_size=32)
     err = _run(cfg, h=2, group=2, d=64, p=32, cases=[(70, 6), (0, 4)], seed=11, use_write_q=True)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
 def test_extend_tiles_of_several_tokens_per_program():
     """Rows are (token, head) pairs of one KV head: several tokens and heads per program, GQA 8."""
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     err = _run(cfg, h=1, group=8, d=64, p=32, cases=[(64, 21), (33, 5)], seed=14, block_m=32)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
 def test_extend_rejects_a_block_that_splits_a_query_group():
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     with pytest.raises(ValueError, match="multiple of 8"):
         _run(cfg, h=1, group=8, d=64, p=32, cases=[(32, 2)], seed=15, block_m=4)
 
 
 def test_extend_d256():
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     err = _run(cfg, h=1, group=2, d=256, p=32, cases=[(40, 17)], seed=12)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
@@ -101,7 +101,7 @@ def test_extend_d256():
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("block_m,num_warps", [(None, None), (128, 8), (32, 4)])
 def test_extend_gpu_real_sizes(bits, block_m, num_warps):
-    cfg = OscarConfig(bits=bits, residual=128)
+    cfg = OscarConfig(bits=bits, page_size=128)
     cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
     err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=13,
                block_m=block_m, num_warps=num_warps)

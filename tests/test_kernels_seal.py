@@ -100,20 +100,20 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
     [(64, 3, 32, 32, "layer"), (128, 2, 64, 32, "head"), (256, 1, 32, 32, "layer"), (64, 2, 128, 64, "layer"), (128, 1, 128, 128, "layer")],
 )
 def test_seal_bytes_match_reference(bits, d, h, p, k_group, scope):
-    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=32, residual=p, norm_scope=scope)
+    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=32, page_size=p, norm_scope=scope)
     _run_and_check(cfg, h=h, d=d, p=p, seed=bits * 1000 + d)
 
 
 @pytest.mark.parametrize("method", ["kivi", "rotation-only", "scaling-only"])
 def test_seal_bytes_match_reference_for_ablations(method):
-    cfg = OscarConfig.for_method(method, bits=2, residual=32)
+    cfg = OscarConfig.for_method(method, bits=2, page_size=32)
     _run_and_check(cfg, h=2, d=64, p=32, seed=7)
 
 
 @pytest.mark.parametrize("bits", [2, 4])
 def test_seal_constant_and_zero_groups(bits):
     """All-zero pages, constant pages and constant channels/groups inside a page: no NaN, same bytes."""
-    cfg = OscarConfig(bits=bits, residual=64)
+    cfg = OscarConfig(bits=bits, page_size=64)
     _run_and_check(cfg, h=2, d=64, p=64, kinds={0: "zero", 1: "signed_zero", 2: "constant", 3: "mixed"}, seed=3)
 
 
@@ -121,7 +121,7 @@ def test_seal_constant_and_zero_groups(bits):
 def test_seal_groups_of_signed_zeros(bits):
     """Groups holding both -0.0 and +0.0 (no rotation keeps them zeros): min/max are taken after
     canonicalizing -0.0 to +0.0 (docs/LAYOUT.md §1), so the stored offset is +0.0 everywhere."""
-    cfg = OscarConfig.for_method("kivi", bits=bits, residual=32)
+    cfg = OscarConfig.for_method("kivi", bits=bits, page_size=32)
     _run_and_check(cfg, h=2, d=64, p=32, kinds={0: "signed_zero", 1: "signed_zero", 2: "signed_zero", 3: "signed_zero"}, seed=5)
 
 
@@ -131,7 +131,7 @@ def test_seal_sign_of_zero_offsets(bits):
     with a zero point that rounds to +0 is -0.0, and a group whose minimum is +0.0 has zero point
     -0.0 and offset +0.0. (Triton 3.6 compiles ``-x`` as ``0 - x``, which loses the first; found on
     the H200 with 3.6, while the interpreter of 3.8 negates exactly.)"""
-    cfg = OscarConfig.for_method("kivi", bits=bits, residual=32)
+    cfg = OscarConfig.for_method("kivi", bits=bits, page_size=32)
     h, d, p = 1, 64, 32
     k = torch.randn(h, p, d) * 0.1
     k[0, :, 0] = torch.linspace(-0.05, 3.95, p)  # zero point rne(0.19 or 0.04) = +0 -> offset -0.0
@@ -151,7 +151,7 @@ def test_seal_sign_of_zero_offsets(bits):
 
 def test_seal_v_group_16_and_64():
     for v_group in (16, 64):
-        cfg = OscarConfig(bits=4, v_group=v_group, residual=32)
+        cfg = OscarConfig(bits=4, v_group=v_group, page_size=32)
         _run_and_check(cfg, h=1, d=128, p=32, seed=v_group)
 
 
@@ -162,7 +162,7 @@ def test_rust_packer_is_compared_when_built():
 
 
 def test_seal_rejects_bad_plan_dtype():
-    cfg = OscarConfig(bits=2, residual=32)
+    cfg = OscarConfig(bits=2, page_size=32)
     stg_k, stg_v, stg_s = _staging(cfg, h=1, d=64, p=32, ns=1, kinds={}, seed=0)
     with pytest.raises(TypeError, match="int32"):
         oscar_seal(plan=torch.tensor([[0, 0]]), staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s,
@@ -174,5 +174,5 @@ def test_seal_rejects_bad_plan_dtype():
 @pytest.mark.parametrize("bits", [2, 4])
 def test_seal_bytes_match_reference_gpu_real_size(bits):
     """Llama-3.1-8B layer shape (8 KV heads, D=128, P=128): the compiled kernel, bit for bit."""
-    cfg = OscarConfig(bits=bits, residual=128)
+    cfg = OscarConfig(bits=bits, page_size=128)
     _run_and_check(cfg, h=8, d=128, p=128, kinds={1: "mixed"}, seed=11, device=torch.device("cuda"))

@@ -67,12 +67,12 @@ def _check_write(cfg: OscarConfig, *, h: int, hq: int, d: int, p: int, t: int, d
 def test_write_stages_rotated_kv_and_scales(d, h, hq):
     if d == 256 and h == 8 and DEVICE.type == "cpu":
         pytest.skip("the interpreter run stays short: (H=8, D=256) runs on the GPU (same test) and at D=128 here")
-    _check_write(OscarConfig(residual=32), h=h, hq=hq, d=d, p=32, t=11, seed=d + h)
+    _check_write(OscarConfig(page_size=32), h=h, hq=hq, d=d, p=32, t=11, seed=d + h)
 
 
 @pytest.mark.parametrize("method,scope", [("oscar", "head"), ("kivi", "layer"), ("rotation-only", "layer"), ("scaling-only", "head")])
 def test_write_ablations(method, scope):
-    cfg = OscarConfig.for_method(method, residual=64, norm_scope=scope)
+    cfg = OscarConfig.for_method(method, page_size=64, norm_scope=scope)
     _check_write(cfg, h=2, hq=4, d=64, p=64, t=9, seed=5)
 
 
@@ -96,5 +96,5 @@ def test_write_rejects_non_int32_map():
 @gpu
 @needs_cuda
 def test_write_gpu_real_size():
-    _check_write(OscarConfig(residual=128), h=8, hq=32, d=128, p=128, t=64, device=torch.device("cuda"), seed=1)
-    _check_write(OscarConfig(residual=128), h=8, hq=32, d=256, p=128, t=7, device=torch.device("cuda"), seed=2)
+    _check_write(OscarConfig(page_size=128), h=8, hq=32, d=128, p=128, t=64, device=torch.device("cuda"), seed=1)
+    _check_write(OscarConfig(page_size=128), h=8, hq=32, d=256, p=128, t=7, device=torch.device("cuda"), seed=2)

@@ -133,7 +133,7 @@ def test_scaling_rescues_a_tiny_token():
 def test_decode_attention_matches_dense_attention_over_restored_kv(bits, group):
     """The kernel-style computation (rotated basis, s on logits) equals plain attention over
     restore_k/restore_v: the identity the HF cache relies on."""
-    cfg = OscarConfig(bits=bits, residual=64)
+    cfg = OscarConfig(bits=bits, page_size=64)
     h, d = 2, 64
     q = torch.randn(h * group, d)
     blocks = [ref.seal(torch.randn(h, 64, d), torch.randn(h, 64, d), cfg) for _ in range(2)]

@@ -42,7 +42,7 @@ def make(pages: int = 16, staging: int = 8) -> OscarRuntime:
         staging_slots=staging,
         kv_heads=2,
         head_dim=16,
-        config=OscarConfig(k_group=4, v_group=16, residual=0),
+        config=OscarConfig(k_group=4, v_group=16, page_size=P),
     )
 
 
@@ -154,7 +154,7 @@ def test_shared_pages_are_protected() -> None:
 
 def test_errors_map_to_builtin_classes() -> None:
     with pytest.raises(LayoutError) as layout:
-        OscarRuntime(num_pages=8, page_size=6, staging_slots=2, kv_heads=2, head_dim=16, config=OscarConfig(k_group=4, v_group=16, residual=0))
+        OscarRuntime(num_pages=8, page_size=6, staging_slots=2, kv_heads=2, head_dim=16, config=OscarConfig(k_group=4, v_group=16, page_size=4))
     assert isinstance(layout.value, ValueError) and isinstance(layout.value, OscarCoreError)
     rt = make(staging=1)
     with pytest.raises(EventError) as event:

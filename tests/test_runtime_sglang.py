@@ -60,7 +60,7 @@ class Harness:
             staging_slots=staging,
             kv_heads=2,
             head_dim=16,
-            config=OscarConfig(k_group=4, v_group=16, residual=0),
+            config=OscarConfig(k_group=4, v_group=16, page_size=P),
         )
         self.alloc = OscarPagedAllocator(size, P, torch.bfloat16, "cpu", None, need_sort, runtime=self.rt)
         params = CacheInitParams(

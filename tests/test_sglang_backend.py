@@ -22,7 +22,7 @@ from oscar_sgl.sglang.metrics import snapshot  # noqa: E402
 from oscar_sgl.sglang.pool import pool_class_for  # noqa: E402
 
 H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
-CFG = OscarConfig(bits=2, k_group=8, v_group=8, residual=P)
+CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
 
 
 def _setup(max_tokens=256):

@@ -101,7 +101,7 @@ def test_kernel_path_matches_reference_path(bits, scope, device):
     torch.manual_seed(bits)
     # The model's dtype: fp32 on CPU (the interpreter), bf16 on CUDA (what the kernels take there).
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cfg = OscarConfig(bits=bits, k_group=16, v_group=16, residual=P, norm_scope=scope)
+    cfg = OscarConfig(bits=bits, k_group=16, v_group=16, page_size=P, norm_scope=scope)
     total = 80
     k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
     v_all = torch.randn(LAYERS, 2, H, total, D)
@@ -137,7 +137,7 @@ def test_direct_seals_give_the_bytes_and_outputs_of_staged_seals(use_kernels, de
     from staging: the same sealed bytes and attention outputs as staging every page, fewer staging pages."""
     torch.manual_seed(7)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cfg = OscarConfig(bits=2, k_group=16, v_group=16, residual=P)
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P)
     total = 112
     k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
     v_all, q_all = torch.randn(LAYERS, 2, H, total, D), torch.randn(LAYERS, 2, total, HQ, D)
@@ -178,14 +178,14 @@ def test_kernel_path_selection_and_shape_checks(monkeypatch):
     monkeypatch.setenv("OSCAR_SGL_USE_KERNELS", "0")
     assert not kernels_wanted("cuda")
     check_kernel_shape(OscarConfig(), 64)  # the defaults run on the kernels
-    for cfg, match in [(OscarConfig(k_group=8, v_group=16, residual=32), "k-group"),
-                       (OscarConfig(k_group=16, v_group=8, residual=32), "v-group"),
-                       (OscarConfig(k_group=16, v_group=16, residual=16), "multiple of 32")]:
+    for cfg, match in [(OscarConfig(k_group=8, v_group=16, page_size=32), "k-group"),
+                       (OscarConfig(k_group=16, v_group=8, page_size=32), "v-group"),
+                       (OscarConfig(k_group=16, v_group=16, page_size=16), "multiple of 32")]:
         with pytest.raises(ValueError, match=match):
             check_kernel_shape(cfg, 64)
     # A kernel-path pool is refused at construction when its shape is not one the kernels take.
     with pytest.raises(ValueError, match="k-group"):
-        _stack(OscarConfig(k_group=8, v_group=16, residual=32), True, "cpu", torch.float32)
+        _stack(OscarConfig(k_group=8, v_group=16, page_size=32), True, "cpu", torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -195,7 +195,7 @@ def test_decode_cuda_graph_protocol_matches_eager_steps(device):
     eager steps' outputs, across a page that fills and is sealed inside the body; the body itself
     never calls the runtime."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cfg = OscarConfig(bits=2, k_group=16, v_group=16, residual=P)
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P)
     total = 80
     gen = torch.Generator().manual_seed(3)
     k_all = torch.randn(LAYERS, 2, H, total, D, generator=gen) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
@@ -229,6 +229,6 @@ def test_decode_cuda_graph_protocol_matches_eager_steps(device):
 
 
 def test_cuda_graph_state_needs_the_kernel_path():
-    st = _stack(OscarConfig(bits=2, k_group=16, v_group=16, residual=P), False, "cpu", torch.float32)
+    st = _stack(OscarConfig(bits=2, k_group=16, v_group=16, page_size=P), False, "cpu", torch.float32)
     with pytest.raises(RuntimeError, match="kernel path"):
         st.backend.init_cuda_graph_state(4, 4)

@@ -20,7 +20,9 @@ pytest.importorskip("sglang")
 
 from oscar_sgl.config import OscarConfig  # noqa: E402
 from oscar_sgl.sglang import plugin  # noqa: E402
-from oscar_sgl.sglang.validate import SERVER_ARGS_ATTR, OscarStartupError, check_model  # noqa: E402
+from oscar_sgl.errors import OscarConfigError  # noqa: E402
+from oscar_sgl.sglang.plugin import SERVER_ARGS_ATTR  # noqa: E402
+from oscar_sgl.supported import check_server_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MODEL = "/nonexistent-model-path"  # argument parsing never opens the model
@@ -66,7 +68,7 @@ def test_oscar_flags_parse_and_reach_workers(parse):
                "--oscar-norm-scope", "head")
     assert sa.attention_backend == "oscar"
     assert sa.page_size == 64
-    want = OscarConfig(bits=4, k_group=16, residual=64, norm_scope="head").to_dict()
+    want = OscarConfig(bits=4, k_group=16, page_size=64, norm_scope="head").to_dict()
     assert getattr(sa, SERVER_ARGS_ATTR) == want
     # Worker processes get the record through pickle (ServerArgs.__reduce__).
     clone = pickle.loads(pickle.dumps(sa))
@@ -115,38 +117,40 @@ def _startup_error(parse, capsys, *argv: str) -> str:
     [
         (["--kv-cache", "oscar", "--oscar-bits", "3"], "error: --oscar-bits must be 2 or 4, got 3"),
         (["--kv-cache", "oscar", "--oscar-page-size", "48", "--oscar-k-group", "32"],
-         "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), so that no key group "
-         "straddles a flush, got 48"),
-        (["--kv-cache", "oscar", "--oscar-residual", "0"],
-         "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), so that no key group "
-         "straddles a flush, got 0"),
+         "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 48: a page is sealed "
+         "whole, and no key group may straddle a seal"),
+        (["--kv-cache", "oscar", "--oscar-residual", "0"],  # the old name of --oscar-page-size
+         "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 0: a page is sealed "
+         "whole, and no key group may straddle a seal"),
         (["--kv-cache", "oscar", "--oscar-v-group", "24"], "error: --oscar-v-group must be a positive power of two, got 24"),
         (["--kv-cache", "oscar", "--oscar-k-group", "4294967296"],
          "error: --oscar-k-group must be below 2^31, got 4294967296"),
-        (["--oscar-k-group", "32"], "error: --oscar-k-group needs --kv-cache oscar"),
-        (["--kv-cache", "default", "--oscar-norm-scope", "head"], "error: --oscar-norm-scope needs --kv-cache oscar"),
-        (["--oscar-no-rotation"], "error: --oscar-no-rotation needs --kv-cache oscar"),
-        (["--oscar-cuda-graph", "--device", "cuda"], "error: --oscar-cuda-graph needs --kv-cache oscar"),
+        (["--oscar-k-group", "32"], "error: --oscar-k-group needs --kv-cache oscar, got --kv-cache default"),
+        (["--kv-cache", "default", "--oscar-norm-scope", "head"],
+         "error: --oscar-norm-scope needs --kv-cache oscar, got --kv-cache default"),
+        (["--oscar-no-rotation"], "error: --oscar-no-rotation needs --kv-cache oscar, got --kv-cache default"),
+        (["--oscar-cuda-graph", "--device", "cuda"], "error: --oscar-cuda-graph needs --kv-cache oscar, got --kv-cache default"),
         (["--kv-cache", "oscar", "--page-size", "16"],
          "error: --page-size must equal --oscar-page-size (128) with --kv-cache oscar, got 16: an OScaR page is the "
-         "unit of sealing (omit --page-size and it follows --oscar-page-size)"),
+         "unit of sealing; omit --page-size and it follows --oscar-page-size"),
         (["--kv-cache", "oscar", "--oscar-cuda-graph", "--device", "cpu"],
-         "error: --oscar-cuda-graph needs a CUDA device (it keeps CUDA graphs of decode steps), got --device cpu"),
+         "error: --oscar-cuda-graph needs a CUDA device, got --device cpu: it keeps CUDA graphs of decode steps"),
         (["--kv-cache", "oscar", "--attention-backend", "torch_native"],
-         "error: --attention-backend must be oscar with --kv-cache oscar (omit it), got torch_native"),
+         "error: --attention-backend must be omitted with --kv-cache oscar, got torch_native: only the oscar "
+         "backend reads the packed pool"),
         (["--kv-cache", "oscar", "--decode-attention-backend", "triton"],
-         "error: --decode-attention-backend must be omitted with --kv-cache oscar (it would read the packed pool "
-         "as BF16), got triton"),
+         "error: --decode-attention-backend must be omitted with --kv-cache oscar, got triton: it would read the "
+         "packed pool as BF16"),
         (["--kv-cache", "oscar", "--kv-cache-dtype", "fp8_e4m3"],
-         "error: --kv-cache-dtype must be omitted with --kv-cache oscar (OScaR replaces it), got fp8_e4m3"),
+         "error: --kv-cache-dtype must be omitted with --kv-cache oscar, got fp8_e4m3: OScaR replaces it"),
         (["--kv-cache", "oscar", "--enable-hierarchical-cache"],
-         "error: --enable-hierarchical-cache (HiCache) cannot be combined with --kv-cache oscar: its host tier "
+         "error: --enable-hierarchical-cache (HiCache) must be off with --kv-cache oscar: its host tier "
          "copies K/V only and would drop the per-page scales"),
         (["--kv-cache", "oscar", "--disaggregation-mode", "prefill"],
-         "error: --disaggregation-mode (PD disaggregation) cannot be combined with --kv-cache oscar: the KV "
+         "error: --disaggregation-mode (PD disaggregation) must be off with --kv-cache oscar: the KV "
          "transfer moves scales only for MXFP8"),
         (["--kv-cache", "oscar", "--speculative-algorithm", "EAGLE"],
-         "error: --speculative-algorithm cannot be combined with --kv-cache oscar: speculative paths write "
+         "error: --speculative-algorithm must be off with --kv-cache oscar: speculative paths write "
          "through set_kv_buffer_prefix_valid and move slots without scales"),
     ],
 )
@@ -161,13 +165,13 @@ def test_bad_flags_print_one_line_and_exit_2(parse, capsys, argv, line):
 SERVER_COMMANDS = [
     (["--kv-cache", "oscar", "--oscar-bits", "3"], "error: --oscar-bits must be 2 or 4, got 3"),
     (["--kv-cache", "oscar", "--oscar-page-size", "100"],
-     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), so that no key group "
-     "straddles a flush, got 100"),
+     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 100: a page is sealed "
+     "whole, and no key group may straddle a seal"),
     (["--kv-cache", "oscar", "--oscar-k-group", "7"], "error: --oscar-k-group must be a positive power of two, got 7"),
-    (["--oscar-bits", "3"], "error: --oscar-bits needs --kv-cache oscar"),
+    (["--oscar-bits", "3"], "error: --oscar-bits needs --kv-cache oscar, got --kv-cache default"),
     (["--kv-cache", "oscar", "--oscar-page-size", "0"],
-     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), so that no key group "
-     "straddles a flush, got 0"),
+     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 0: a page is sealed "
+     "whole, and no key group may straddle a seal"),
 ]
 
 
@@ -206,27 +210,28 @@ def _model_config(tmp_path: Path, **overrides):
 def _check(mc, cfg=OscarConfig(), tp=1, **kw):
     args = dict(use_mla=False, is_hybrid_swa=False, is_hybrid_linear=False)
     args.update(kw)
-    check_model(cfg, mc, tp_size=tp, **args)
+    check_server_model(cfg, mc, tp_size=tp, **args)
 
 
 def test_model_checks(tmp_path):
     mc = _model_config(tmp_path)  # SmolLM2: 9 query heads, 3 KV heads, head_dim 64
     _check(mc)
     _check(mc, tp=3)  # whole KV heads per rank
-    with pytest.raises(OscarStartupError, match="do not divide across --tp-size 2"):
+    with pytest.raises(OscarConfigError, match="the model's KV heads must divide across --tp-size 2 with --kv-cache "
+                       "oscar, got 3"):
         _check(mc, tp=2)
-    with pytest.raises(OscarStartupError, match="MLA"):
+    with pytest.raises(OscarConfigError, match="MLA"):
         _check(mc, use_mla=True)
-    with pytest.raises(OscarStartupError, match="sliding-window"):
+    with pytest.raises(OscarConfigError, match="sliding-window"):
         _check(mc, is_hybrid_swa=True)
-    with pytest.raises(OscarStartupError, match="linear-attention"):
+    with pytest.raises(OscarConfigError, match="linear-attention"):
         _check(mc, is_hybrid_linear=True)
 
 
 def test_model_head_dim_not_pow2(tmp_path):
     mc = _model_config(tmp_path, num_attention_heads=12, num_key_value_heads=4, head_dim=48)
     assert mc.head_dim == 48
-    with pytest.raises(OscarStartupError, match="head_dim must be a power of two"):
+    with pytest.raises(OscarConfigError, match="the model's head_dim must be a power of two"):
         _check(mc, cfg=OscarConfig(v_group=16))
 
 

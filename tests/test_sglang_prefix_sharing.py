@@ -38,7 +38,7 @@ from oscar_sgl.sglang.allocator import OscarPagedAllocator, attach_radix_cache  
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
 
 H, HQ, D, P, LAYERS, VOCAB = 2, 4, 16, 8, 2, 97
-CFG = OscarConfig(bits=2, k_group=8, v_group=8, residual=P)
+CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
 SM = D ** -0.5
 
 

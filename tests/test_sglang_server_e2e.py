@@ -155,7 +155,7 @@ def test_oscar_server_end_to_end(model_path):
     from oscar_sgl import model as models
 
     model, tok = models.load(model_path)
-    cfg = OscarConfig(bits=2, k_group=32, v_group=32, residual=32)
+    cfg = OscarConfig(bits=2, k_group=32, v_group=32, page_size=32)
     same = []
     for q in PROBES:
         want = _oscar_reference_ids(model, tok, _probe_prompt(q), cached[q], cfg)

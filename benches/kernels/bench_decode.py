@@ -114,7 +114,7 @@ class OscarSetup:
     def __init__(self, bits: int, batch: int, ctx: int, copies: int, seed: int = 0):
         g = torch.Generator(device=DEV).manual_seed(seed)
         self.bits, self.batch, self.ctx, self.copies = bits, batch, ctx, copies
-        self.cfg = OscarConfig(bits=bits, residual=P)
+        self.cfg = OscarConfig(bits=bits, page_size=P)
         pages_req = ctx // P
         npages = copies * batch * pages_req + 1
         nbytes = D * bits // 8

@@ -74,7 +74,7 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool)
 
     from oscar_sgl import OscarCache, OscarConfig
 
-    cfg = OscarConfig(bits=2, residual=PAGE)
+    cfg = OscarConfig(bits=2, page_size=PAGE)
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
 
     def run(tokens: list[int] | None) -> tuple[list[float], list[int], list[float]]:

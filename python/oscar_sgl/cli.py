@@ -145,24 +145,22 @@ def _text_path(arg: str) -> tuple[str, str]:
         raise CliError(f"--text must be a UTF-8 text file: {e}") from None
 
 
-def _add_quant_flags(p: argparse.ArgumentParser, residual: str = "--residual") -> None:
+def _add_quant_flags(p: argparse.ArgumentParser) -> None:
     d = OscarConfig()
     p.add_argument("--k-group", type=_positive, default=d.k_group, metavar="G_K",
                    help="tokens per key quantization group, a power of two (default: %(default)s)")
     p.add_argument("--v-group", type=_positive, default=d.v_group, metavar="G_V",
                    help="channels per value quantization group, a power of two dividing head_dim (default: %(default)s)")
-    if residual == "--residual":
-        p.add_argument("--residual", type=_count(0), default=d.residual, metavar="R",
-                       help="full-precision window R: tokens are sealed in whole blocks of R, a multiple of "
-                       "--k-group; 0 seals as early as the groups allow (default: %(default)s)")
+    p.add_argument("--page-size", "--residual", dest="page_size", type=_positive, default=d.page_size, metavar="R",
+                   help="tokens per page R (the full-precision window; the server's --oscar-page-size): tokens are "
+                   "sealed in whole pages, a multiple of --k-group (default: %(default)s)")
     p.add_argument("--norm-scope", choices=("layer", "head"), default=d.norm_scope,
                    help="token-scale scope: one norm over all KV heads of a layer, or one per head (default: %(default)s)")
 
 
-def _config_flags(residual: str) -> dict[str, str]:
-    """OscarConfig field -> the flag that sets it, for error messages."""
-    return {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group", "residual": residual,
-            "norm_scope": "--norm-scope"}
+#: OscarConfig field -> the flag that sets it, for error messages.
+CONFIG_FLAGS = {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group", "page_size": "--page-size",
+                "norm_scope": "--norm-scope"}
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -188,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quantization methods: oscar (rotation + token scaling), kivi (neither), rotation-only, "
                      "scaling-only (default: all four)")
     ppl.add_argument("--prefix-tokens", type=_positive, default=1024,
-                     help="tokens prefilled exactly, then sealed in whole --residual blocks (default: %(default)s)")
+                     help="tokens prefilled exactly, then sealed in whole --page-size pages (default: %(default)s)")
     ppl.add_argument("--score-tokens", type=_positive, default=1024,
                      help="tokens after the prefix whose next-token predictions are scored with the quantized "
                      "cache (default: %(default)s)")
@@ -212,15 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--shape", default=None, metavar="LAYERS,KV_HEADS,HEAD_DIM",
                        help="a model shape without the model, e.g. 32,8,128 for Llama-3.1-8B")
     plan.add_argument("--gpu-mem-gb", type=_gigabytes, required=True, help="bytes given to the KV cache, in GB (1e9)")
-    plan.add_argument("--page-size", type=_positive, default=128,
-                      help="SGLang page size = OScaR block R, a multiple of --k-group (default: %(default)s)")
     plan.add_argument("--max-running-requests", type=_positive, default=128,
                       help="SGLang's --max-running-requests: sizes the BF16 staging pool, two pages per request "
                       "(default: %(default)s, what an OScaR server uses when the flag is not given)")
     plan.add_argument("--max-prefill-tokens", type=_positive, default=16384,
                       help="SGLang's --max-prefill-tokens: sizes the one-layer scratch of direct seals "
                       "(default: %(default)s)")
-    _add_quant_flags(plan, residual="--page-size")
+    _add_quant_flags(plan)
 
     model = sub.add_parser("model", help="the default model")
     msub = model.add_subparsers(dest="model_command", required=True)
@@ -233,11 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configs(args: argparse.Namespace) -> list[OscarConfig]:
-    OscarConfig.from_flags(_config_flags("--residual"), k_group=args.k_group, v_group=args.v_group,
-                           residual=args.residual, norm_scope=args.norm_scope)  # errors name the flag
+    OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
+                           page_size=args.page_size, norm_scope=args.norm_scope)  # errors name the flag
     return [
         OscarConfig.for_method(m, bits=b, k_group=args.k_group, v_group=args.v_group,
-                               residual=args.residual, norm_scope=args.norm_scope)
+                               page_size=args.page_size, norm_scope=args.norm_scope)
         for b in args.bits for m in args.methods
     ]
 
@@ -246,8 +242,8 @@ def scored_with_sealed_history(prefix: int, score: int, cfg: OscarConfig) -> int
     """How many of the `score` predictions of `evaluate.perplexity` attend to at least one sealed
     (quantized) block. Prediction 0 comes from the exact prefill; prediction i >= 1 is computed at
     input position t = prefix + i - 1, when every whole block before t is sealed (chunk bounds sit on
-    flush points), i.e. it sees quantized keys or values once t >= min(k_flush, v_flush)."""
-    first = min(cfg.k_flush, cfg.v_flush)
+    page boundaries), i.e. it sees quantized keys and values once t >= page_size."""
+    first = cfg.page_size
     return max(0, prefix + score - 1 - max(prefix, first))
 
 
@@ -257,10 +253,10 @@ def _check_scoring_sees_quantization(args: argparse.Namespace, cfg: OscarConfig)
         raise CliError(f"--score-tokens must be at least 2, got {args.score_tokens}: the first scored "
                        "token is predicted by the exact prefill, so nothing would be quantized")
     if n == 0:
-        first = min(cfg.k_flush, cfg.v_flush)
+        first = cfg.page_size
         raise CliError(
             f"--prefix-tokens + --score-tokens must be at least {first + 2}, got {args.prefix_tokens} + "
-            f"{args.score_tokens}: the first block is sealed at token {first} (--residual {cfg.residual}), so no "
+            f"{args.score_tokens}: the first page is sealed at token {first} (--page-size {cfg.page_size}), so no "
             "scored token would attend to a quantized block and every method would score as lossless"
         )
     return n
@@ -318,7 +314,7 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         "baseline_ppl": base,
         "results": [
             {k: getattr(r, k) for k in ("method", "bits", "ppl", "delta_ppl_pct", "kl", "top1_agreement", "effective_bits")}
-            | {"k_group": r.config["k_group"], "v_group": r.config["v_group"], "residual": r.config["residual"],
+            | {"k_group": r.config["k_group"], "v_group": r.config["v_group"], "page_size": r.config["page_size"],
                "norm_scope": r.config["norm_scope"]}
             for r in results
         ],
@@ -405,13 +401,13 @@ def _plan_shape(args: argparse.Namespace) -> tuple[str, str, int, int, int]:
         return "--shape", args.shape, *dims  # type: ignore[return-value]
     from transformers import AutoConfig
 
-    from .hf_cache import model_kv_shape
     from .model import DEFAULT_NAME
+    from .supported import check_quality_model
 
     name = args.model or "default"
     config = AutoConfig.from_pretrained(str(_model_folder(name)))
     try:
-        shape = model_kv_shape(config)
+        shape = check_quality_model(None, config)
     except OscarConfigError as e:
         raise CliError(f"--model must be a model OScaR can quantize: {e}") from None
     return "--model", DEFAULT_NAME if name == "default" else name, *shape
@@ -421,8 +417,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .errors import LayoutError
     from .runtime import plan_memory, scratch_slots_needed, staging_slots_needed
 
-    cfg = OscarConfig.from_flags(_config_flags("--page-size"), zero_residual=False, k_group=args.k_group,
-                                 v_group=args.v_group, residual=args.page_size, norm_scope=args.norm_scope)
+    cfg = OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
+                                 page_size=args.page_size, norm_scope=args.norm_scope)
     flag, name, layers, heads, head_dim = _plan_shape(args)
     budget = int(args.gpu_mem_gb * 1e9)
     staging = staging_slots_needed(max_running_requests=args.max_running_requests,

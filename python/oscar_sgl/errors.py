@@ -1,4 +1,6 @@
-"""The exceptions of OScaR's Rust core, and the one table that maps its errors to them.
+"""Every exception oscar_sgl raises on purpose: `OscarConfigError` for a configuration OScaR cannot
+run (see `oscar_sgl.supported`), and those of the Rust core, with the one table that maps its
+errors to them.
 
 Every class subclasses a built-in, so code that catches ``ValueError`` / ``MemoryError`` /
 ``RuntimeError`` (a server's ``except Exception`` included) keeps working, and ``OscarCoreError``
@@ -12,12 +14,19 @@ from typing import Any, Mapping
 
 __all__ = [
     "EventError",
+    "OscarConfigError",
     "InvariantViolation",
     "LayoutError",
     "OscarCoreError",
     "StagingExhausted",
     "from_core",
 ]
+
+
+class OscarConfigError(ValueError):
+    """A configuration, flag or model OScaR cannot run with (`oscar_sgl.supported`), raised at the
+    earliest point that knows enough: flag parsing, model load, pool build. Its message starts with
+    the flag or property at fault."""
 
 
 class OscarCoreError(Exception):

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .config import OscarConfig
-from .hf_cache import OscarCache, model_kv_shape
+from .hf_cache import OscarCache
+from .supported import check_quality_model
 
 
 @dataclass
@@ -35,8 +36,8 @@ class PplResult:
 
 
 def chunk_bounds(start: int, end: int, cfg: OscarConfig | None) -> list[tuple[int, int]]:
-    """Chunks of [start, end) whose boundaries include every flush point of `cfg` (exactness)."""
-    step = 128 if cfg is None else math.gcd(cfg.k_flush, cfg.v_flush)
+    """Chunks of [start, end) whose boundaries include every page boundary of `cfg` (exactness)."""
+    step = 128 if cfg is None else cfg.page_size
     bounds, a = [], start
     while a < end:
         b = min(end, (a // step + 1) * step)
@@ -99,9 +100,8 @@ def perplexity(
     score = ids.shape[1] - prefix
     if prefix < 1 or score < 1:
         raise ValueError(f"need prefix >= 1 and score >= 1 tokens, got prefix={prefix}, score={score}")
-    _, heads, head_dim = model_kv_shape(model.config)
     for cfg in configs:
-        cfg.check_shape(heads, head_dim)
+        check_quality_model(cfg, model.config)
     targets = ids[0, prefix:]
     bar = _bar(score * (len(configs) + 1), progress)
     with torch.inference_mode():

@@ -4,11 +4,11 @@ Any Hugging Face causal LM (GQA included) can generate and be scored with it. Pe
 
 - sealed blocks in the packed format of docs/LAYOUT.md (codes + fp16 params + fp32 token scales),
   produced once per block and never re-quantized;
-- a full-precision tail of the newest tokens (at most `residual` of them after a flush).
+- a full-precision tail of the newest tokens (fewer than `page_size` of them after a flush).
 
 Flushes are lazy: a step always attends to its own new tokens exactly; at the start of the next
 `update` (or on an explicit `flush()`) every whole block of the tail is sealed. This is the block
-flush of OSCAR.md §2.4, and it is what makes R-aligned chunked scoring identical to token-by-token
+flush of docs/OSCAR.md §2.4, and it is what makes R-aligned chunked scoring identical to token-by-token
 decoding.
 
 Attention sees `restore_k`/`restore_v` of the sealed blocks (dequantized, times s_t, un-rotated):
@@ -25,6 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import reference as ref
 from .config import OscarConfig, OscarConfigError
+from .supported import check_quality_model
 
 
 class OscarLayer(CacheLayerMixin):
@@ -105,11 +106,11 @@ class OscarLayer(CacheLayerMixin):
     # -- OScaR ---------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Seal every whole block of the tail (keys in multiples of k_flush, values of v_flush)."""
+        """Seal every whole page of the tail (`page_size` tokens, keys and values alike)."""
         if not self.is_initialized:
             return
         assert self.k_tail is not None and self.v_tail is not None
-        n_k = (self.k_tail.shape[2] // self.cfg.k_flush) * self.cfg.k_flush
+        n_k = (self.k_tail.shape[2] // self.cfg.page_size) * self.cfg.page_size
         if n_k:
             for b in range(self.k_tail.shape[0]):
                 k_rot = ref.rotate(self.k_tail[b, :, :n_k], self.cfg)
@@ -117,7 +118,7 @@ class OscarLayer(CacheLayerMixin):
                 self.k_blocks[b].append(ref.pack_k(k_rot, s, self.cfg))
             self.k_tail = self.k_tail[:, :, n_k:].contiguous()
             self.sealed_k_tokens += n_k
-        n_v = (self.v_tail.shape[2] // self.cfg.v_flush) * self.cfg.v_flush
+        n_v = (self.v_tail.shape[2] // self.cfg.page_size) * self.cfg.page_size
         if n_v:
             for b in range(self.v_tail.shape[0]):
                 self.v_blocks[b].append(ref.pack_v(ref.rotate(self.v_tail[b, :, :n_v], self.cfg), self.cfg))
@@ -142,28 +143,11 @@ class OscarLayer(CacheLayerMixin):
         )
 
     def tail_bytes(self) -> int:
-        """Bytes of the full-precision tail (the residual window)."""
+        """Bytes of the full-precision tail (the open page: the residual window)."""
         if not self.is_initialized:
             return 0
         assert self.k_tail is not None and self.v_tail is not None
         return self.k_tail.numel() * self.k_tail.element_size() + self.v_tail.numel() * self.v_tail.element_size()
-
-
-def model_kv_shape(model_config: Any) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) of a transformers config; raises OscarConfigError if unsupported."""
-    text_cfg = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
-    layer_types = getattr(text_cfg, "layer_types", None)
-    if layer_types is not None and set(layer_types) - {"full_attention"}:
-        raise OscarConfigError(
-            f"OscarCache needs full-attention layers only; this model has {sorted(set(layer_types))}"
-        )
-    if getattr(text_cfg, "kv_lora_rank", None):
-        raise OscarConfigError("MLA models (kv_lora_rank) are not supported by OScaR")
-    layers = int(text_cfg.num_hidden_layers)
-    heads = int(getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads)
-    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
-    return layers, heads, int(head_dim)
-
 
 
 class OscarCache(Cache):
@@ -184,8 +168,7 @@ class OscarCache(Cache):
 
     def __init__(self, model_config: Any, cfg: OscarConfig | None = None) -> None:
         self.cfg = cfg or OscarConfig()
-        num_layers, heads, head_dim = model_kv_shape(model_config)
-        self.cfg.check_shape(heads, head_dim)
+        num_layers, heads, head_dim = check_quality_model(self.cfg, model_config)
         self.num_kv_heads, self.head_dim = heads, head_dim
         self.oscar_layers = [OscarLayer(self.cfg, heads, head_dim) for _ in range(num_layers)]
         super().__init__(layers=list(self.oscar_layers))

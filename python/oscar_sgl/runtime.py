@@ -56,6 +56,9 @@ OP_UNLOCK = _core.OP_UNLOCK
 OP_SHARE = _core.OP_SHARE
 NO_SLOT = _core.NO_SLOT
 
+#: Events that write or open pages: only a step may apply them (the runtime refuses them in a flush).
+_STEP_OPS = frozenset((OP_EXTEND, OP_DECODE, OP_ALLOC, OP_WRITE))
+
 
 def _i64(x: Ints) -> IntArray:
     return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
@@ -138,6 +141,11 @@ class EventBatch:
     def share(self, pages: Ints) -> None:
         """Pages now held by the radix cache (must be sealed)."""
         self._simple(OP_SHARE, pages)
+
+    def only_between_steps(self) -> bool:
+        """Whether :meth:`OscarRuntime.flush` may apply every event (none writes, opens or hands out
+        a page: those belong to a step)."""
+        return not any(int(rec[0]) in _STEP_OPS for rec in self._ops)
 
     def arrays(self) -> tuple[IntArray, IntArray]:
         """``(ops, ids)`` as flat int64 arrays."""

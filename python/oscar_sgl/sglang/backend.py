@@ -28,6 +28,9 @@ from typing import Any
 import torch
 
 from .. import reference as ref
+from ..errors import OscarConfigError
+from .classes import sglang_subclass
+from .step import OscarStep
 
 
 def _host_lens(fb: Any) -> list[int]:
@@ -36,288 +39,277 @@ def _host_lens(fb: Any) -> list[int]:
     return [int(x) for x in (cpu if cpu is not None else fb.seq_lens).tolist()]
 
 
-def _make_backend_class() -> type:
-    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+class OscarAttnBackendMixin:
+    """Over SGLang's torch-native backend (for its metadata handling); every forward is ours. Step
+    state lives in the pool's step owner (`self.step`, an `OscarStep`), never here."""
 
-    class OscarAttnBackend(TorchNativeAttnBackend):  # type: ignore[misc, valid-type]
-        """Subclasses the torch-native backend for its metadata handling; every forward is ours."""
-
-        def __init__(self, model_runner: Any) -> None:
-            super().__init__(model_runner)
-            pool = self.token_to_kv_pool
-            if not hasattr(pool, "oscar_config"):
-                raise RuntimeError(
-                    "the 'oscar' attention backend needs the OScaR KV pool: start the server with "
-                    "--kv-cache oscar (not --attention-backend oscar alone)"
-                )
-            self.cfg = pool.oscar_config
-
-        def init_forward_metadata(self, forward_batch: Any) -> None:
-            self._graph_active = False
-            super().init_forward_metadata(forward_batch)
-            # The step's page events go to the Rust runtime here, once, before the first layer.
-            self.token_to_kv_pool.oscar_begin_step(new_step=True)
-
-        # -- CUDA graphs (decode; on by default on CUDA) -------------------------------------------
-        # SGLang 0.5.23's protocol: init_cuda_graph_state once; per captured or replayed step,
-        # init_forward_metadata_out_graph (eager, host work) then init_forward_metadata_in_graph
-        # (recorded); forward_decode runs only while capturing. Out of the graph: the runtime call
-        # and the page -> staging map update, and the step's seal plan copied into a fixed-size plan
-        # buffer (unused rows -1). In the graph: each request's page list gathered from
-        # req_to_token into a fixed [max_bs, max_pages] table and the lengths copied; per layer the
-        # fused decode launch (write + attention) and one seal launch over the plan buffer.
-
-        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
-            pool = self.token_to_kv_pool
-            if not pool.use_kernels:
-                raise RuntimeError("OScaR decode CUDA graphs need the kernel path (a CUDA device); "
-                                   "use --disable-decode-cuda-graph with OSCAR_SGL_USE_KERNELS=0")
-            p, dev = pool.page_size, pool.device
-            r2t = self.req_to_token_pool.req_to_token
-            self._g_max_pages = -(-r2t.shape[1] // p)
-            self._g_first = torch.arange(self._g_max_pages, dtype=torch.int64, device=r2t.device) * p
-            self._g_kv_indptr = (torch.arange(max_bs + 1, dtype=torch.int32) * self._g_max_pages).to(dev)
-            self._g_pages = torch.zeros(max_bs * self._g_max_pages, dtype=torch.int32, device=dev)
-            self._g_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=dev)
-            self._g_workspaces: dict[int, Any] = {}
-            # a decode step fills at most one page per request; twice that leaves room for a carried plan
-            pool.oscar_graph_plan_init(2 * max_bs)
-
-        def get_cuda_graph_seq_len_fill_value(self) -> int:
-            return 1
-
-        def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
-            if not forward_batch.forward_mode.is_decode():
-                raise RuntimeError("--kv-cache oscar captures decode steps only (prefill CUDA graphs stay off)")
-            self._graph_active = True
-            pool = self.token_to_kv_pool
-            pool.oscar_begin_step(new_step=True)
-            pool.oscar_graph_plan_stage()  # every layer of the step runs inside the graph
-
-        def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
-            fb = forward_batch
-            bs = fb.req_pool_indices.shape[0]
-            r2t = self.req_to_token_pool.req_to_token
-            self._g_seq_lens[:bs].copy_(fb.seq_lens)
-            rows = fb.req_pool_indices.to(torch.int64)
-            pages = r2t[rows[:, None], self._g_first[None, :]].to(torch.int64) // self.token_to_kv_pool.page_size
-            self._g_pages[: bs * self._g_max_pages].copy_(pages.reshape(-1))
-
-        def _forward_decode_graph(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any) -> torch.Tensor:
-            """The captured body of one layer: no host work, every buffer fixed per batch size."""
-            from .. import kernels as K
-
-            pool, cfg = self.token_to_kv_pool, self.cfg
-            li = layer.layer_id - pool.start_layer
-            hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
-            q_ = q.reshape(-1, hq, d)
-            bs = q_.shape[0]
-            splits = K.pick_num_splits(bs, h, waves=K.decode.default_tuning(bs, h, d, pool.page_size)["waves"])
-            ws = self._g_workspaces.get(bs)
-            if ws is None:  # first seen in the warm-up runs before the capture
-                ws = self._g_workspaces[bs] = K.decode_workspace(bs, hq, h, d, splits, q.device)
-            out = K.oscar_decode_attention(
-                q=q_.contiguous(), k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
-                v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
-                staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
-                kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
-                bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
-                new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
-                staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None,
-                num_splits=splits, workspace=ws,
+    def __init__(self, model_runner: Any) -> None:
+        super().__init__(model_runner)  # type: ignore[call-arg]
+        pool = self.token_to_kv_pool
+        if not hasattr(pool, "oscar_config"):
+            raise OscarConfigError(
+                "--attention-backend oscar needs --kv-cache oscar, got the attention backend alone: "
+                "only the OScaR KV pool has the packed pages it reads"
             )
-            pool.oscar_graph_seal(li)
-            return out.reshape(-1, hq * d)
+        self.cfg = pool.oscar_config
+        self.step: OscarStep = pool.oscar_step
 
-        def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
-                           forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
-            fb = forward_batch
-            seq, pre = _host_lens(fb), getattr(fb, "extend_prefix_lens_cpu", None)
-            pre = list(pre) if pre is not None else fb.extend_prefix_lens.tolist()
-            return self._forward(q, k, v, layer, fb, pre, seq, save_kv_cache, decode=False)
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        super().init_forward_metadata(forward_batch)  # type: ignore[misc]
+        # The step's page events go to the Rust runtime here, once, before the first layer.
+        self.step.start_forward()
 
-        def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
-                           forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
-            if getattr(self, "_graph_active", False):
-                if not save_kv_cache or k is None or v is None:
-                    raise RuntimeError("--oscar-cuda-graph: a decode step that does not write its K/V cannot be captured")
-                return self._forward_decode_graph(q, k, v, layer, forward_batch)
-            seq = _host_lens(forward_batch)
-            pre = [s - 1 for s in seq]
-            return self._forward(q, k, v, layer, forward_batch, pre, seq, save_kv_cache, decode=True)
+    # -- CUDA graphs (decode; on by default on CUDA) -------------------------------------------
+    # SGLang 0.5.23's protocol: init_cuda_graph_state once; per captured or replayed step,
+    # init_forward_metadata_out_graph (eager, host work) then init_forward_metadata_in_graph
+    # (recorded); forward_decode runs only while capturing. Out of the graph: the runtime call
+    # and the page -> staging map update, and the step's seal plan copied into a fixed-size plan
+    # buffer (unused rows -1). In the graph: each request's page list gathered from
+    # req_to_token into a fixed [max_bs, max_pages] table and the lengths copied; per layer the
+    # fused decode launch (write + attention) and one seal launch over the plan buffer.
 
-        def _forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
-                     pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
-            if layer.is_cross_attention:
-                raise NotImplementedError("--kv-cache oscar: cross-attention is not supported")
-            pool = self.token_to_kv_pool
-            if pool.use_kernels:
-                return self._forward_kernels(q, k, v, layer, fb, pre, seq, save_kv_cache, decode)
-            li = layer.layer_id - pool.start_layer
-            p = pool.page_size
-            hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
-            req_to_token = self.req_to_token_pool.req_to_token
-            rows = fb.req_pool_indices.tolist()
-            pool.oscar_begin_step()  # no-op after init_forward_metadata (one runtime call per step)
-            if save_kv_cache and k is not None and v is not None:
-                pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
-            # The BF16 tokens of each request's open page. A page the write just filled is sealed, but
-            # keeps its staging page until the next step, so it is still read exactly here.
-            prev: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-            for r, s0 in zip(rows, pre):
-                start = s0 // p * p
-                prev.append(pool.open_tokens(li, req_to_token[r, start:s0].to(torch.int64)) if s0 > start else None)
-            k_new = k.reshape(-1, h, d)
-            v_new = v.reshape(-1, h, d)
-            q_ = q.reshape(-1, hq, d)
-            out = torch.empty(q_.shape[0], hq, d, dtype=q.dtype, device=q.device)
-            at = 0
-            for i, (r, s0, s1) in enumerate(zip(rows, pre, seq)):
-                n = s1 - s0
-                start = s0 // p * p
-                k_fp = k_new[at:at + n].transpose(0, 1).float()
-                v_fp = v_new[at:at + n].transpose(0, 1).float()
-                if prev[i] is not None:
-                    k_fp = torch.cat((prev[i][0].float(), k_fp), dim=1)
-                    v_fp = torch.cat((prev[i][1].float(), v_fp), dim=1)
-                n_sealed = s0 // p  # pages sealed before this step; later tokens of the step stay exact
-                pages = req_to_token[r, 0:n_sealed * p:p].to(torch.int64) // p
-                blocks = pool.sealed_blocks(li, pages) if n_sealed else None
-                if decode:
-                    o = ref.decode_attention(
-                        q_[at], [blocks[0]] if blocks else [], [blocks[1]] if blocks else [],
-                        k_fp, v_fp, self.cfg, layer.scaling,
-                    )
-                    out[at] = o.to(q.dtype)
-                else:
-                    out[at:at + n] = self._extend_one(q_[at:at + n], blocks, k_fp, v_fp, s0, start,
-                                                      h, layer.scaling).to(q.dtype)
-                at += n
-            return out.reshape(-1, hq * d)
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
+        pool = self.token_to_kv_pool
+        if not pool.use_kernels:
+            raise RuntimeError("OScaR decode CUDA graphs need the kernel path (a CUDA device); "
+                               "use --disable-decode-cuda-graph with OSCAR_SGL_USE_KERNELS=0")
+        p, dev = pool.page_size, pool.device
+        r2t = self.req_to_token_pool.req_to_token
+        self._g_max_pages = -(-r2t.shape[1] // p)
+        self._g_first = torch.arange(self._g_max_pages, dtype=torch.int64, device=r2t.device) * p
+        self._g_kv_indptr = (torch.arange(max_bs + 1, dtype=torch.int32) * self._g_max_pages).to(dev)
+        self._g_pages = torch.zeros(max_bs * self._g_max_pages, dtype=torch.int32, device=dev)
+        self._g_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=dev)
+        self._g_workspaces: dict[int, Any] = {}
+        # a decode step fills at most one page per request; twice that leaves room for a carried plan
+        self.step.graph_plan_init(2 * max_bs)
 
-        # -- the kernel path (CUDA; CPU with OSCAR_SGL_USE_KERNELS=1 TRITON_INTERPRET=1) ------------
-        def _kernel_meta(self, fb: Any, pre: list[int], seq: list[int], decode: bool) -> dict[str, Any]:
-            """Per forward batch (built at its first layer, reused by the others): each request's pages,
-            oldest first, as the kernels' int32 `kv_indptr` / `kv_page_indices`."""
-            cached = getattr(self, "_oscar_meta", None)
-            if cached is not None and cached[0] is fb and cached[1] == decode:
-                return cached[2]
-            pool = self.token_to_kv_pool
-            p, dev = pool.page_size, pool.device
-            r2t = self.req_to_token_pool.req_to_token
-            # Decode reads every page of the request (the current token is in staging); extend reads
-            # the prefix pages (its own tokens come from k/v). Host lengths, device gathers: no sync.
-            lens = seq if decode else pre
-            npages = [-(-n // p) for n in lens]
-            total = sum(npages)
-            if total:
-                rows = fb.req_pool_indices.to(device=r2t.device, dtype=torch.int64)
-                reps = torch.tensor(npages, dtype=torch.int64).to(r2t.device)
-                row_of = torch.repeat_interleave(rows, reps, output_size=total)
-                first = [i * p for n in npages for i in range(n)]
-                kv_pages = (r2t[row_of, torch.tensor(first, dtype=torch.int64).to(r2t.device)].to(torch.int64) // p
-                            ).to(device=dev, dtype=torch.int32)
-            else:
-                kv_pages = torch.zeros(0, dtype=torch.int32, device=dev)
-            i32 = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev)  # noqa: E731
-            cum = [0]
-            for n in npages:
-                cum.append(cum[-1] + n)
-            meta: dict[str, Any] = {"kv_indptr": i32(cum), "kv_page_indices": kv_pages}
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+        if not forward_batch.forward_mode.is_decode():
+            raise RuntimeError("--kv-cache oscar captures decode steps only (prefill CUDA graphs stay off)")
+        self.step.graph_plan_stage()  # begins the step; every layer of it runs inside the graph
+
+    def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+        fb = forward_batch
+        bs = fb.req_pool_indices.shape[0]
+        r2t = self.req_to_token_pool.req_to_token
+        self._g_seq_lens[:bs].copy_(fb.seq_lens)
+        rows = fb.req_pool_indices.to(torch.int64)
+        pages = r2t[rows[:, None], self._g_first[None, :]].to(torch.int64) // self.token_to_kv_pool.page_size
+        self._g_pages[: bs * self._g_max_pages].copy_(pages.reshape(-1))
+
+    def _forward_decode_graph(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any) -> torch.Tensor:
+        """The captured body of one layer: no host work, every buffer fixed per batch size."""
+        from .. import kernels as K
+
+        pool, cfg = self.token_to_kv_pool, self.cfg
+        li = layer.layer_id - pool.start_layer
+        hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        q_ = q.reshape(-1, hq, d)
+        bs = q_.shape[0]
+        splits = K.pick_num_splits(bs, h, waves=K.decode.default_tuning(bs, h, d, pool.page_size)["waves"])
+        ws = self._g_workspaces.get(bs)
+        if ws is None:  # first seen in the warm-up runs before the capture
+            ws = self._g_workspaces[bs] = K.decode_workspace(bs, hq, h, d, splits, q.device)
+        out = K.oscar_decode_attention(
+            q=q_.contiguous(), k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
+            v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
+            staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
+            kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
+            bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
+            new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
+            staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None,
+            num_splits=splits, workspace=ws,
+        )
+        pool.oscar_graph_seal(li)
+        return out.reshape(-1, hq * d)
+
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
+                       forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+        fb = forward_batch
+        seq, pre = _host_lens(fb), getattr(fb, "extend_prefix_lens_cpu", None)
+        pre = list(pre) if pre is not None else fb.extend_prefix_lens.tolist()
+        return self._forward(q, k, v, layer, fb, pre, seq, save_kv_cache, decode=False)
+
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
+                       forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+        if self.step.in_graph:
+            if not save_kv_cache or k is None or v is None:
+                raise RuntimeError("--oscar-cuda-graph: a decode step that does not write its K/V cannot be captured")
+            return self._forward_decode_graph(q, k, v, layer, forward_batch)
+        seq = _host_lens(forward_batch)
+        pre = [s - 1 for s in seq]
+        return self._forward(q, k, v, layer, forward_batch, pre, seq, save_kv_cache, decode=True)
+
+    def _forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
+                 pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
+        if layer.is_cross_attention:
+            raise NotImplementedError("--kv-cache oscar: cross-attention is not supported")
+        pool = self.token_to_kv_pool
+        if pool.use_kernels:
+            return self._forward_kernels(q, k, v, layer, fb, pre, seq, save_kv_cache, decode)
+        li = layer.layer_id - pool.start_layer
+        p = pool.page_size
+        hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        req_to_token = self.req_to_token_pool.req_to_token
+        rows = fb.req_pool_indices.tolist()
+        self.step.begin()  # no-op after init_forward_metadata (one runtime call per step)
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+        # The BF16 tokens of each request's open page. A page the write just filled is sealed, but
+        # keeps its staging page until the next step, so it is still read exactly here.
+        prev: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for r, s0 in zip(rows, pre):
+            start = s0 // p * p
+            prev.append(pool.open_tokens(li, req_to_token[r, start:s0].to(torch.int64)) if s0 > start else None)
+        k_new = k.reshape(-1, h, d)
+        v_new = v.reshape(-1, h, d)
+        q_ = q.reshape(-1, hq, d)
+        out = torch.empty(q_.shape[0], hq, d, dtype=q.dtype, device=q.device)
+        at = 0
+        for i, (r, s0, s1) in enumerate(zip(rows, pre, seq)):
+            n = s1 - s0
+            start = s0 // p * p
+            k_fp = k_new[at:at + n].transpose(0, 1).float()
+            v_fp = v_new[at:at + n].transpose(0, 1).float()
+            if prev[i] is not None:
+                k_fp = torch.cat((prev[i][0].float(), k_fp), dim=1)
+                v_fp = torch.cat((prev[i][1].float(), v_fp), dim=1)
+            n_sealed = s0 // p  # pages sealed before this step; later tokens of the step stay exact
+            pages = req_to_token[r, 0:n_sealed * p:p].to(torch.int64) // p
+            blocks = pool.sealed_blocks(li, pages) if n_sealed else None
             if decode:
-                meta["seq_lens"] = i32(seq)
+                o = ref.decode_attention(
+                    q_[at], [blocks[0]] if blocks else [], [blocks[1]] if blocks else [],
+                    k_fp, v_fp, self.cfg, layer.scaling,
+                )
+                out[at] = o.to(q.dtype)
             else:
-                new = [b - a for a, b in zip(pre, seq)]
-                qo = [0]
-                for n in new:
-                    qo.append(qo[-1] + n)
-                meta.update(qo_indptr=i32(qo), prefix_lens=i32(pre), max_new_tokens=max(new, default=0))
-            self._oscar_meta = (fb, decode, meta)
-            return meta
+                out[at:at + n] = self._extend_one(q_[at:at + n], blocks, k_fp, v_fp, s0, start,
+                                                  h, layer.scaling).to(q.dtype)
+            at += n
+        return out.reshape(-1, hq * d)
 
-        def _forward_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
-                             pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
-            from .. import kernels as K
+    # -- the kernel path (CUDA; CPU with OSCAR_SGL_USE_KERNELS=1 TRITON_INTERPRET=1) ------------
+    def _kernel_meta(self, fb: Any, pre: list[int], seq: list[int], decode: bool) -> dict[str, Any]:
+        """Per forward batch (built at its first layer, reused by the others): each request's pages,
+        oldest first, as the kernels' int32 `kv_indptr` / `kv_page_indices`."""
+        return self.step.batch_meta((fb, decode), lambda: self._build_kernel_meta(fb, pre, seq, decode))
 
-            pool, cfg = self.token_to_kv_pool, self.cfg
-            li = layer.layer_id - pool.start_layer
-            hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
-            pool.oscar_begin_step()
-            fused = decode and save_kv_cache and k is not None and v is not None
-            if fused:
-                # Decode: the write path runs inside the attention launch (one launch per layer);
-                # the step's seal plan (pages this write fills included) runs after it.
-                li, loc, k_new, v_new = pool.oscar_prepare_write(layer, fb.out_cache_loc, k, v)
-            elif save_kv_cache and k is not None and v is not None:
-                pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)  # write launch + seal launch
-            meta = self._kernel_meta(fb, pre, seq, decode)
-            q_ = q.reshape(-1, hq, d).contiguous()
-            common = dict(
-                k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
-                v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
-                staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
-                kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"], bits=cfg.bits,
-                k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
+    def _build_kernel_meta(self, fb: Any, pre: list[int], seq: list[int], decode: bool) -> dict[str, Any]:
+        pool = self.token_to_kv_pool
+        p, dev = pool.page_size, pool.device
+        r2t = self.req_to_token_pool.req_to_token
+        # Decode reads every page of the request (the current token is in staging); extend reads
+        # the prefix pages (its own tokens come from k/v). Host lengths, device gathers: no sync.
+        lens = seq if decode else pre
+        npages = [-(-n // p) for n in lens]
+        total = sum(npages)
+        if total:
+            rows = fb.req_pool_indices.to(device=r2t.device, dtype=torch.int64)
+            reps = torch.tensor(npages, dtype=torch.int64).to(r2t.device)
+            row_of = torch.repeat_interleave(rows, reps, output_size=total)
+            first = [i * p for n in npages for i in range(n)]
+            kv_pages = (r2t[row_of, torch.tensor(first, dtype=torch.int64).to(r2t.device)].to(torch.int64) // p
+                        ).to(device=dev, dtype=torch.int32)
+        else:
+            kv_pages = torch.zeros(0, dtype=torch.int32, device=dev)
+        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev)  # noqa: E731
+        cum = [0]
+        for n in npages:
+            cum.append(cum[-1] + n)
+        meta: dict[str, Any] = {"kv_indptr": i32(cum), "kv_page_indices": kv_pages}
+        if decode:
+            meta["seq_lens"] = i32(seq)
+        else:
+            new = [b - a for a, b in zip(pre, seq)]
+            qo = [0]
+            for n in new:
+                qo.append(qo[-1] + n)
+            meta.update(qo_indptr=i32(qo), prefix_lens=i32(pre), max_new_tokens=max(new, default=0))
+        return meta
+
+    def _forward_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
+                         pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
+        from .. import kernels as K
+
+        pool, cfg = self.token_to_kv_pool, self.cfg
+        li = layer.layer_id - pool.start_layer
+        hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        self.step.begin()
+        fused = decode and save_kv_cache and k is not None and v is not None
+        if fused:
+            # Decode: the write path runs inside the attention launch (one launch per layer);
+            # the step's seal plan (pages this write fills included) runs after it.
+            li, loc, k_new, v_new = pool.oscar_prepare_write(layer, fb.out_cache_loc, k, v)
+        elif save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)  # write launch + seal launch
+        meta = self._kernel_meta(fb, pre, seq, decode)
+        q_ = q.reshape(-1, hq, d).contiguous()
+        common = dict(
+            k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
+            v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
+            staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
+            kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"], bits=cfg.bits,
+            k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
+        )
+        if fused:
+            out = K.oscar_decode_attention(
+                q=q_, seq_lens=meta["seq_lens"], new_k=k_new, new_v=v_new, new_loc=loc,
+                staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None, **common,
             )
-            if fused:
-                out = K.oscar_decode_attention(
-                    q=q_, seq_lens=meta["seq_lens"], new_k=k_new, new_v=v_new, new_loc=loc,
-                    staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None, **common,
-                )
-                pool.oscar_seal_after_fused_write(li)
-            elif decode:
-                out = K.oscar_decode_attention(q=q_, seq_lens=meta["seq_lens"], **common)
-            else:
-                out = K.oscar_extend_attention(
-                    q=q_, k=k.reshape(-1, h, d).contiguous(), v=v.reshape(-1, h, d).contiguous(),
-                    qo_indptr=meta["qo_indptr"], prefix_lens=meta["prefix_lens"],
-                    max_new_tokens=meta["max_new_tokens"], **common,
-                )
-            return out.reshape(-1, hq * d)
+            pool.oscar_seal_after_fused_write(li)
+        elif decode:
+            out = K.oscar_decode_attention(q=q_, seq_lens=meta["seq_lens"], **common)
+        else:
+            out = K.oscar_extend_attention(
+                q=q_, k=k.reshape(-1, h, d).contiguous(), v=v.reshape(-1, h, d).contiguous(),
+                qo_indptr=meta["qo_indptr"], prefix_lens=meta["prefix_lens"],
+                max_new_tokens=meta["max_new_tokens"], **common,
+            )
+        return out.reshape(-1, hq * d)
 
-        def _extend_one(self, q: torch.Tensor, blocks: Any, k_fp: torch.Tensor, v_fp: torch.Tensor,
-                        s0: int, start: int, h: int, sm_scale: float) -> torch.Tensor:
-            """Causal attention of `t` new queries `[t, Hq, D]` at positions s0.. of one request.
+    def _extend_one(self, q: torch.Tensor, blocks: Any, k_fp: torch.Tensor, v_fp: torch.Tensor,
+                    s0: int, start: int, h: int, sm_scale: float) -> torch.Tensor:
+        """Causal attention of `t` new queries `[t, Hq, D]` at positions s0.. of one request.
 
-            `blocks`: the pages sealed before this step (positions < start), all visible to every
-            query; `k_fp`/`v_fp`: `[H, m, D]` exact tokens at positions start.. (the open page's
-            staging, then the new tokens), causally masked."""
-            cfg = self.cfg
-            t, hq, d = q.shape
-            g = hq // h
-            q_rot = ref.rotate(q, cfg).reshape(t, h, g, d)
-            pos = torch.arange(s0, s0 + t, device=q.device)
-            logits, values, masks = [], [], []
-            if blocks is not None:
-                kb, vb = blocks
-                k_bar = ref.unpack_k(kb, cfg, d)
-                lg = torch.einsum("thgd,hnd->hgtn", q_rot, k_bar)
-                if kb.scale is not None:
-                    lg = lg * ref._broadcast_scale(kb.scale, h).transpose(1, 2)[:, :, None, :]
-                logits.append(lg)
-                values.append(ref.unpack_v(vb, cfg, d))
-                masks.append(torch.ones(t, k_bar.shape[1], dtype=torch.bool, device=q.device))
-            logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, ref.rotate(k_fp, cfg)))
-            values.append(ref.rotate(v_fp, cfg))
-            j = torch.arange(start, start + k_fp.shape[1], device=q.device)
-            masks.append(j[None, :] <= pos[:, None])
-            lg = torch.cat(logits, dim=3) * sm_scale
-            lg = lg.masked_fill(~torch.cat(masks, dim=1)[None, None], float("-inf"))
-            prob = torch.softmax(lg, dim=-1)
-            o = torch.einsum("hgtn,hnd->thgd", prob, torch.cat(values, dim=1)).reshape(t, hq, d)
-            return ref.rotate(o, cfg)
-
-    return OscarAttnBackend
-
-
-_BACKEND: type | None = None
+        `blocks`: the pages sealed before this step (positions < start), all visible to every
+        query; `k_fp`/`v_fp`: `[H, m, D]` exact tokens at positions start.. (the open page's
+        staging, then the new tokens), causally masked."""
+        cfg = self.cfg
+        t, hq, d = q.shape
+        g = hq // h
+        q_rot = ref.rotate(q, cfg).reshape(t, h, g, d)
+        pos = torch.arange(s0, s0 + t, device=q.device)
+        logits, values, masks = [], [], []
+        if blocks is not None:
+            kb, vb = blocks
+            k_bar = ref.unpack_k(kb, cfg, d)
+            lg = torch.einsum("thgd,hnd->hgtn", q_rot, k_bar)
+            if kb.scale is not None:
+                lg = lg * ref._broadcast_scale(kb.scale, h).transpose(1, 2)[:, :, None, :]
+            logits.append(lg)
+            values.append(ref.unpack_v(vb, cfg, d))
+            masks.append(torch.ones(t, k_bar.shape[1], dtype=torch.bool, device=q.device))
+        logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, ref.rotate(k_fp, cfg)))
+        values.append(ref.rotate(v_fp, cfg))
+        j = torch.arange(start, start + k_fp.shape[1], device=q.device)
+        masks.append(j[None, :] <= pos[:, None])
+        lg = torch.cat(logits, dim=3) * sm_scale
+        lg = lg.masked_fill(~torch.cat(masks, dim=1)[None, None], float("-inf"))
+        prob = torch.softmax(lg, dim=-1)
+        o = torch.einsum("hgtn,hnd->thgd", prob, torch.cat(values, dim=1)).reshape(t, hq, d)
+        return ref.rotate(o, cfg)
 
 
 def backend_class() -> type:
-    global _BACKEND
-    if _BACKEND is None:
-        _BACKEND = _make_backend_class()
-    return _BACKEND
+    """`OscarAttnBackend`: the mixin over SGLang's `TorchNativeAttnBackend`."""
+    return sglang_subclass(OscarAttnBackendMixin,
+                           "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend",
+                           "OscarAttnBackend")
 
 
 def create_oscar_backend(runner: Any) -> Any:

@@ -3,8 +3,8 @@ Prometheus gauges on `/metrics` when the server runs with `--enable-metrics`.
 
 Both describe the state after the last scheduler step: the events SGLang logs while it processes a
 step's results (finished requests' pages released, radix inserts, unlocks) reach the Rust runtime
-right then (`OscarKVPool.oscar_sync`, from a hook on `Scheduler.process_batch_result` and before
-`/server_info` answers), not at the next step's forward.
+right then (`after_step`: `OscarStep.flush`, from a hook on `Scheduler.process_batch_result` and
+before `/server_info` answers), not at the next step's forward.
 
 Gauges (multiprocess mode "mostrecent", like SGLang's own), each labelled `tp_rank` (every
 tensor-parallel rank has its own pool, runtime and token scales): `oscar:kv_bytes_per_token`,
@@ -18,17 +18,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pool import bf16_cell_size_bytes
+
+def bf16_cell_size_bytes(num_kv_heads: int, head_dim: int, num_layers: int) -> int:
+    """BF16 K and V bytes per token over all layers (what SGLang's default pool stores)."""
+    return 2 * num_kv_heads * head_dim * 2 * num_layers
 
 
-def snapshot(pool: Any) -> dict[str, Any]:
-    """What a user wants to see about an `OscarKVPool` right now (plain JSON types)."""
+def after_step(pool: Any, alloc: Any = None) -> None:
+    """Once per scheduler step, after SGLang processed its results: the events logged since the
+    forward reach the runtime (`OscarStep.flush`), then the Prometheus gauges are updated."""
+    pool.oscar_step.flush()
+    if pool.oscar_gauges is not None:
+        pool.oscar_gauges.update(snapshot(pool, alloc))
+
+
+def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
+    """What a user wants to see about an `OscarKVPool` (and its allocator, when given) right now
+    (plain JSON types)."""
     cfg = pool.oscar_config
     h, d, layers = pool.head_num, pool.head_dim, pool.layer_num
     packed = cfg.bytes_per_token(h, d) * layers
     bf16 = bf16_cell_size_bytes(h, d, layers)
     st = pool.oscar_runtime.stats()
-    alloc = getattr(pool, "_oscar_allocator", None)
     # The pages SGLang's allocator hands out (page 0 is its padding page).
     usable = int(alloc.num_pages) if alloc is not None else pool.num_pages - 1
     capacity = int(alloc.size) if alloc is not None else pool.size
@@ -40,8 +51,8 @@ def snapshot(pool: Any) -> dict[str, Any]:
         "compression_ratio": bf16 / packed,
         "effective_bits": cfg.effective_bits(h, d),
         "page_size": pool.page_size,
-        "tp_rank": int(getattr(pool, "oscar_tp_rank", 0)),
-        "tp_size": int(getattr(pool, "oscar_tp_size", 1)),
+        "tp_rank": int(pool.oscar_settings.tp_rank),
+        "tp_size": int(pool.oscar_settings.tp_size),
         # This rank's KV heads: under TP the `layer` norm scope is the norm over these heads only.
         "kv_heads": h,
         "token_scale_columns": int(cfg.scale_columns(h)),
@@ -68,8 +79,7 @@ def snapshot(pool: Any) -> dict[str, Any]:
 
 class PrometheusGauges:
     """Created in the scheduler process when `--enable-metrics` is on; updated once per scheduler step,
-    after SGLang processed the step's results (`OscarKVPool.oscar_after_step`), so they show the state
-    after the step."""
+    after SGLang processed the step's results (`after_step`), so they show the state after the step."""
 
     def __init__(self, tp_rank: int = 0) -> None:
         from prometheus_client import Gauge
@@ -91,8 +101,8 @@ class PrometheusGauges:
         self.heads = g("oscar:kv_heads", "KV heads in this rank's pool.")
         self.scale_cols = g("oscar:token_scale_columns", "fp32 token scales per token and layer on this rank.")
 
-    def update(self, pool: Any) -> None:
-        s = snapshot(pool)
+    def update(self, s: dict[str, Any]) -> None:
+        """Set every gauge from a `snapshot`."""
         r = self.rank
         self.bytes.labels(tp_rank=r).set(s["kv_bytes_per_token"])
         self.bf16.labels(tp_rank=r).set(s["bf16_bytes_per_token"])

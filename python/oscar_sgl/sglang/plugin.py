@@ -25,6 +25,19 @@ _registered = False
 KV_CACHE_CHOICES = ("default", "oscar")
 BACKEND_NAME = "oscar"
 
+#: The attribute that carries the OScaR settings on SGLang's `ServerArgs`. It is a plain dict in the
+#: record's `__dict__`, which `ServerArgs.__reduce__` pickles to every worker process.
+SERVER_ARGS_ATTR = "_oscar_kv_cache"
+
+#: `OscarConfig` field -> (the server flag that sets it, its attribute on SGLang's namespace).
+FLAGS: dict[str, tuple[str, str]] = {
+    "bits": ("--oscar-bits", "oscar_bits"),
+    "k_group": ("--oscar-k-group", "oscar_k_group"),
+    "v_group": ("--oscar-v-group", "oscar_v_group"),
+    "page_size": ("--oscar-page-size", "oscar_page_size"),
+    "norm_scope": ("--oscar-norm-scope", "oscar_norm_scope"),
+}
+
 
 def _hook(target: str, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,8 +54,8 @@ def _hook(target: str, kind: str) -> Callable[[Callable[..., Any]], Callable[...
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add `--kv-cache` and the `--oscar-*` flags. Their defaults are `OscarConfig`'s, shown in the
-    help; on the namespace an unset flag is None (False for switches), so `validate.py` can tell a
-    flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
+    help; on the namespace an unset flag is None (False for switches), so `config_from_namespace` can
+    tell a flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
     from ..config import OscarConfig
 
     d = OscarConfig()
@@ -62,7 +75,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help=f"Channels per value quantization group, a power of two dividing head_dim (default: {d.v_group}).")
     g.add_argument("--oscar-page-size", "--oscar-residual", dest="oscar_page_size", type=int, metavar="R",
                    help="Tokens per OScaR page = the BF16 residual window R, a positive multiple of --oscar-k-group "
-                   f"(default: {d.residual}). SGLang's --page-size follows it.")
+                   f"(default: {d.page_size}). SGLang's --page-size follows it.")
     g.add_argument("--oscar-norm-scope", choices=("layer", "head"),
                    help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head' "
                    f"(default: {d.norm_scope}). Under tensor parallelism 'layer' means the heads of this rank.")
@@ -77,10 +90,29 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    "('rotation-only' in `oscar-sgl eval ppl`). Lower quality. Default: token scaling on.")
 
 
+def config_from_namespace(ns: Any) -> Any:
+    """The `OscarConfig` the `--oscar-*` flags describe, or None when `--kv-cache` is not `oscar`
+    (then any `--oscar-*` flag given is an error). Unset flags are None (False for switches) and
+    take `OscarConfig`'s defaults. Raises `OscarConfigError` naming the flag."""
+    from ..config import OscarConfig, OscarConfigError
+
+    if getattr(ns, "kv_cache", "default") != "oscar":
+        given = [name for name, value in vars(ns).items() if name.startswith("oscar_") and value not in (None, False)]
+        if given:
+            raise OscarConfigError(f"--{given[0].replace('_', '-')} needs --kv-cache oscar, got --kv-cache "
+                                   f"{getattr(ns, 'kv_cache', 'default')}")
+        return None
+    values = {field: getattr(ns, dest) for field, (_, dest) in FLAGS.items() if getattr(ns, dest, None) is not None}
+    return OscarConfig.from_flags(
+        {field: flag for field, (flag, _) in FLAGS.items()},
+        rotation=not getattr(ns, "oscar_no_rotation", False),
+        token_scaling=not getattr(ns, "oscar_no_token_scaling", False), **values,
+    )
+
+
 def oscar_config_of(server_args: Any):
     """The `OscarConfig` a (possibly unpickled) `ServerArgs` carries, or None."""
     from ..config import OscarConfig
-    from .validate import SERVER_ARGS_ATTR
 
     d = getattr(server_args, SERVER_ARGS_ATTR, None)
     return None if d is None else OscarConfig(**d)
@@ -100,17 +132,18 @@ def _around_add_cli_args(original: Callable[..., Any], parser: argparse.Argument
 @_hook("sglang.srt.server_args.ServerArgs.from_cli_args", "AROUND")
 def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argparse.Namespace) -> Any:
     from ..cli import usage_error
-    from .validate import SERVER_ARGS_ATTR, OscarStartupError, check_server_args, config_from_namespace
+    from ..errors import OscarConfigError
+    from ..supported import check_server_flags
 
     try:  # right after argparse, before anything heavy: one line and exit 2, like an argparse error
         cfg = config_from_namespace(args)
         if cfg is not None:
-            check_server_args(args, cfg)
-    except OscarStartupError as e:
+            check_server_flags(args, cfg)
+    except OscarConfigError as e:
         usage_error(str(e))
     if cfg is not None:
         args.attention_backend = BACKEND_NAME
-        args.page_size = cfg.residual
+        args.page_size = cfg.page_size
         if getattr(args, "max_running_requests", None) is None:
             # The staging pool holds the open page of every running request: SGLang's own default
             # (thousands, from the pool size) would let it run more requests than staging holds.
@@ -187,10 +220,10 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         return original(self, kind=kind, default=default)
     from sglang.srt.runtime_context import get_parallel
 
+    from ..supported import check_server_model
     from .pool import pool_class_for
-    from .validate import check_model
 
-    check_model(
+    check_server_model(
         cfg, self.model_config, tp_size=get_parallel().attn_tp_size, use_mla=bool(self.use_mla_backend),
         is_hybrid_swa=bool(self.is_hybrid_swa), is_hybrid_linear=self.mambaish_config is not None,
     )
@@ -238,7 +271,10 @@ def _around_build_allocator(original: Callable[..., Any], self: Any, **kwargs: A
     from .allocator import OscarPagedAllocator
 
     if get_parallel().attn_dcp_size != 1:
-        raise RuntimeError("--kv-cache oscar: decode context parallelism is not supported")
+        from ..errors import OscarConfigError
+
+        raise OscarConfigError(f"--dcp-size must be 1 with --kv-cache oscar, got {get_parallel().attn_dcp_size}: "
+                               "decode context parallelism splits a page's tokens across ranks")
     return OscarPagedAllocator(
         kwargs["sizes"].max_total_num_tokens,
         page_size=get_schedule().page_size,
@@ -246,7 +282,7 @@ def _around_build_allocator(original: Callable[..., Any], self: Any, **kwargs: A
         device=self.device,
         kvcache=pool,
         need_sort=get_disagg().disaggregation_mode in ("decode", "prefill"),
-        runtime=pool.oscar_runtime,
+        step=pool.oscar_step,
     )
 
 
@@ -255,7 +291,7 @@ def _after_build_kv_cache(result: Any, *args: Any, **kwargs: Any) -> Any:
     """The radix cache's locks, unlocks and inserts reach the runtime (only sealed pages are shared)."""
     alloc = getattr(result, "token_to_kv_pool_allocator", None)
     cache = getattr(result, "tree_cache", None)
-    if alloc is not None and hasattr(alloc, "oscar_step") and cache is not None \
+    if alloc is not None and hasattr(alloc, "record_share") and cache is not None \
             and hasattr(cache, "path_device_indices") and hasattr(cache, "inc_lock_ref"):
         from .allocator import attach_radix_cache
 
@@ -271,12 +307,13 @@ def _after_build_kv_cache(result: Any, *args: Any, **kwargs: Any) -> Any:
 @_hook("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_memory_usage",
        "AFTER")
 def _after_add_memory_usage(result: Any, self: Any, state: dict, *args: Any, **kwargs: Any) -> Any:
-    pool = self.scheduler.token_to_kv_pool_allocator.get_kvcache()
-    if hasattr(pool, "oscar_config"):
-        from .metrics import snapshot
+    alloc = self.scheduler.token_to_kv_pool_allocator
+    pool = alloc.get_kvcache()
+    if hasattr(pool, "oscar_step"):
+        from .metrics import after_step, snapshot
 
-        pool.oscar_after_step()  # events logged since the last step's results (none, usually)
-        state["oscar"] = snapshot(pool)
+        after_step(pool, alloc)  # events logged since the last step's results (none, usually)
+        state["oscar"] = snapshot(pool, alloc)
     return result
 
 
@@ -284,9 +321,12 @@ def _after_add_memory_usage(result: Any, self: Any, state: dict, *args: Any, **k
 def _after_process_batch_result(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """After a step's results are processed (finished requests released, radix inserts, unlocks):
     the runtime gets those events now and the gauges show the state after the step."""
-    pool = self.token_to_kv_pool_allocator.get_kvcache()
-    if hasattr(pool, "oscar_after_step"):
-        pool.oscar_after_step()
+    alloc = self.token_to_kv_pool_allocator
+    pool = alloc.get_kvcache()
+    if hasattr(pool, "oscar_step"):
+        from .metrics import after_step
+
+        after_step(pool, alloc)
     return result
 
 
