@@ -33,7 +33,7 @@ def _setup(max_tokens=256):
         max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
         device="cpu", enable_memory_saver=False,
     )
-    alloc = OscarPagedAllocator(max_tokens, P, torch.float32, "cpu", pool, False, runtime=pool.oscar_runtime)
+    alloc = OscarPagedAllocator(max_tokens, P, torch.float32, "cpu", pool, False, step=pool.oscar_step)
     r2t = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
     runner = SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool)
     backend = create_oscar_backend(runner)
@@ -110,8 +110,8 @@ def test_extend_then_decode_equals_reference(prefill):
     assert states["sealed"] == total // P and states["open"] == 1
     # Freeing the request's pages returns the staging page (the runtime sees it at the next step).
     alloc.free(slots)
-    alloc.oscar_step()
-    alloc.oscar_step()
+    pool.oscar_step.begin(new_step=True)
+    pool.oscar_step.begin(new_step=True)
     assert pool.oscar_page_states() == {"sealed": 0, "open": 0, "staging_in_use": 0,
                                        "staging_total": pool.num_staging}
     pool.oscar_runtime.check()
@@ -155,7 +155,7 @@ def test_pool_sizer_charges_the_staging_reserve():
     hooks = [fn for target, kind, fn in plugin.HOOKS
              if target.endswith("DefaultPoolConfigurator.__init__") and kind == "AFTER"]
     assert len(hooks) == 1
-    from oscar_sgl.sglang.validate import SERVER_ARGS_ATTR
+    from oscar_sgl.sglang.plugin import SERVER_ARGS_ATTR
 
     args = SimpleNamespace(**{SERVER_ARGS_ATTR: CFG.to_dict()}, max_running_requests=4, max_prefill_tokens=None,
                            chunked_prefill_size=None)

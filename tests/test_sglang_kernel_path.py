@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("sglang")
 pytest.importorskip("triton")
 
-from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.config import OscarConfig, OscarConfigError  # noqa: E402
 from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
 from oscar_sgl.sglang.pool import pool_class_for  # noqa: E402
@@ -41,7 +41,7 @@ def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype,
         tokens, page_size=P, dtype=dtype, head_num=H, head_dim=D, layer_num=LAYERS, device=device,
         enable_memory_saver=False,
     )
-    alloc = OscarPagedAllocator(tokens, P, dtype, device, pool, False, runtime=pool.oscar_runtime)
+    alloc = OscarPagedAllocator(tokens, P, dtype, device, pool, False, step=pool.oscar_step)
     r2t = ReqToTokenPool(size=4, max_context_len=tokens, device=device, enable_memory_saver=False)
     backend = create_oscar_backend(SimpleNamespace(device=device, req_to_token_pool=r2t, token_to_kv_pool=pool))
     layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
@@ -169,7 +169,12 @@ def test_direct_seals_give_the_bytes_and_outputs_of_staged_seals(use_kernels, de
 
 
 def test_kernel_path_selection_and_shape_checks(monkeypatch):
-    from oscar_sgl.sglang.pool import check_kernel_shape, kernels_wanted
+    from oscar_sgl.sglang.pool import kernels_wanted
+    from oscar_sgl.supported import check_kernel_shape
+
+    def check(cfg, head_dim):
+        check_kernel_shape(bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, page_size=cfg.page_size,
+                           head_dim=head_dim)
 
     monkeypatch.delenv("OSCAR_SGL_USE_KERNELS", raising=False)
     assert not kernels_wanted("cpu") and kernels_wanted("cuda")
@@ -177,14 +182,14 @@ def test_kernel_path_selection_and_shape_checks(monkeypatch):
     assert kernels_wanted("cpu")
     monkeypatch.setenv("OSCAR_SGL_USE_KERNELS", "0")
     assert not kernels_wanted("cuda")
-    check_kernel_shape(OscarConfig(), 64)  # the defaults run on the kernels
+    check(OscarConfig(), 64)  # the defaults run on the kernels
     for cfg, match in [(OscarConfig(k_group=8, v_group=16, page_size=32), "k-group"),
                        (OscarConfig(k_group=16, v_group=8, page_size=32), "v-group"),
                        (OscarConfig(k_group=16, v_group=16, page_size=16), "multiple of 32")]:
-        with pytest.raises(ValueError, match=match):
-            check_kernel_shape(cfg, 64)
+        with pytest.raises(OscarConfigError, match=match):
+            check(cfg, 64)
     # A kernel-path pool is refused at construction when its shape is not one the kernels take.
-    with pytest.raises(ValueError, match="k-group"):
+    with pytest.raises(OscarConfigError, match="k-group"):
         _stack(OscarConfig(k_group=8, v_group=16, page_size=32), True, "cpu", torch.float32)
 
 
@@ -206,8 +211,9 @@ def test_decode_cuda_graph_protocol_matches_eager_steps(device):
     steps += [(True, [60 + i, 19 + i], [61 + i, 20 + i]) for i in range(6)]  # page 1 fills at 63, sealed
     eager_st, graph_st = _stack(cfg, True, device, dtype), _stack(cfg, True, device, dtype)
     calls = []
-    begin = graph_st.pool.oscar_begin_step
-    graph_st.pool.oscar_begin_step = lambda *a, **kw: (calls.append(graph_st.backend._graph_active), begin(*a, **kw))[1]
+    step = graph_st.pool.oscar_step
+    begin = step.begin
+    step.begin = lambda *a, **kw: (calls.append(step.in_graph), begin(*a, **kw))[1]
     body = graph_st.backend._forward_decode_graph
 
     def traced_body(*a, **kw):

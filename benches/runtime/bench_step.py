@@ -6,7 +6,7 @@ finished requests released and new 512-token prompts prefilled; page size 128, a
 * ``core``: ``_core.Runtime.step(ops_bytes, ids_bytes)`` alone (the Rust call through PyO3),
 * ``wrapper``: ``OscarRuntime.step_arrays(ops, ids)`` (numpy in, ``StepResult`` numpy views out),
 * ``allocator`` (with ``--sglang``): SGLang's ``alloc_decode`` on device="cpu" through
-  ``OscarPagedAllocator`` + ``oscar_step()``, against the plain ``PagedTokenToKVPoolAllocator``.
+  ``OscarPagedAllocator`` + the step's runtime call (``OscarStep.begin``), against the plain ``PagedTokenToKVPoolAllocator``.
 
 Event batches are generated before timing; each step is timed with ``perf_counter_ns``.
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from oscar_sgl import _core
 from oscar_sgl.config import OscarConfig
-from oscar_sgl.runtime import OscarRuntime, staging_slots_needed
+from oscar_sgl.runtime import OscarRuntime, scratch_slots_needed, staging_slots_needed
 
 P = 128
 PROMPT = 512
@@ -84,6 +84,7 @@ def make_runtime(num_pages: int, batch: int, prefill_tokens: int = 2 * PROMPT) -
         num_pages=num_pages,
         page_size=P,
         staging_slots=staging_slots_needed(max_running_requests=batch, max_prefill_tokens=prefill_tokens, page_size=P),
+        scratch_slots=scratch_slots_needed(max_prefill_tokens=prefill_tokens, page_size=P),
         kv_heads=8,
         head_dim=128,
         config=OscarConfig(),
@@ -139,6 +140,7 @@ def bench_allocator(batch: int, steps: int) -> dict[str, Any]:
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 
     from oscar_sgl.sglang.allocator import OscarPagedAllocator
+    from oscar_sgl.sglang.step import OscarStep
 
     pages_per_req = -(-(PROMPT + steps) // P) + 1
     num_pages = batch * pages_per_req + 8
@@ -151,14 +153,14 @@ def bench_allocator(batch: int, steps: int) -> dict[str, Any]:
         out = alloc.alloc_extend(pre, pre, seq, seq, torch.full((batch,), -1, dtype=torch.int64), batch * PROMPT)
         last = out.reshape(batch, PROMPT)[:, -1].clone()
         if with_step:
-            alloc.oscar_step()
+            alloc.oscar_step.begin(new_step=True)
         ns = []
         for _ in range(steps):
             seq = seq + 1
             t = time.perf_counter_ns()
             loc = alloc.alloc_decode(seq, seq, last)
             if with_step:
-                alloc.oscar_step()
+                alloc.oscar_step.begin(new_step=True)
             ns.append(time.perf_counter_ns() - t)
             last = loc
         return ns
@@ -167,7 +169,8 @@ def bench_allocator(batch: int, steps: int) -> dict[str, Any]:
     plain = run(lambda: PagedTokenToKVPoolAllocator(size, P, torch.bfloat16, "cpu", None, False), False)
     oscar = run(
         lambda: OscarPagedAllocator(
-            size, P, torch.bfloat16, "cpu", None, False, runtime=make_runtime(num_pages + 1, batch, batch * PROMPT)
+            size, P, torch.bfloat16, "cpu", None, False,
+            step=OscarStep(make_runtime(num_pages + 1, batch, batch * PROMPT), device="cpu"),
         ),
         True,
     )

@@ -101,13 +101,14 @@ class OscarPagedAllocatorMixin:
             raise RuntimeError("the allocator is still being constructed")
         return self._oscar
 
-    def _reserve(self, new_pages: int) -> None:
-        if self._oscar is not None:
-            self._oscar.reserve_staging(new_pages)
+    def _reserve(self, new_pages: int, whole_new_pages: int = 0) -> tuple[int, int]:
+        if self._oscar is None:
+            return 0, 0
+        return self._oscar.reserve_staging(new_pages, whole_new_pages)
 
-    def _unreserve(self, new_pages: int) -> None:
+    def _unreserve(self, reservation: tuple[int, int]) -> None:
         if self._oscar is not None:
-            self._oscar.unreserve_staging(new_pages)
+            self._oscar.unreserve_staging(reservation)
 
     def _record(self, op: str, ids: "np.ndarray | torch.Tensor", *args: np.ndarray) -> None:
         """Record one event (an `EventBatch` method name) whose page ids are ``ids``."""
@@ -131,10 +132,10 @@ class OscarPagedAllocatorMixin:
     def alloc(self, need_size: int) -> "torch.Tensor | None":
         ps: int = self.page_size  # type: ignore[attr-defined]
         num = need_size // ps
-        self._reserve(num)
+        reservation = self._reserve(num)
         out: torch.Tensor | None = super().alloc(need_size)  # type: ignore[misc]
         if out is None:
-            self._unreserve(num)
+            self._unreserve(reservation)
             return None
         self._record("alloc", _page_ids(out[::ps], ps))
         return out
@@ -153,13 +154,15 @@ class OscarPagedAllocatorMixin:
 
         p, s = _cpu_i64(prefix_lens_cpu), _cpu_i64(seq_lens_cpu)
         ps: int = self.page_size  # type: ignore[attr-defined]
-        new = int(((s + ps - 1) // ps - (p + ps - 1) // ps).sum())
-        self._reserve(new)
+        first_new = (p + ps - 1) // ps  # each row's first page that this write opens
+        new = int(((s + ps - 1) // ps - first_new).sum())
+        whole = int(np.maximum(s // ps - first_new, 0).sum())  # new pages the write fills
+        reservation = self._reserve(new, whole)
         out: torch.Tensor | None = super().alloc_extend(  # type: ignore[misc]
             prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, num_new_pages
         )
         if out is None:
-            self._unreserve(new)
+            self._unreserve(reservation)
             return None
         starts = torch.from_numpy(extend_page_starts(p, s, ps))
         if out.device.type != "cpu":
@@ -176,10 +179,10 @@ class OscarPagedAllocatorMixin:
         s = _cpu_i64(seq_lens_cpu)
         ps: int = self.page_size  # type: ignore[attr-defined]
         new = int(np.count_nonzero((s - 1) % ps == 0))
-        self._reserve(new)
+        reservation = self._reserve(new)  # a decode write never fills a new page whole (no direct seal)
         out: torch.Tensor | None = super().alloc_decode(seq_lens, seq_lens_cpu, last_loc)  # type: ignore[misc]
         if out is None:
-            self._unreserve(new)
+            self._unreserve(reservation)
             return None
         self._record("decode", _page_ids(out, ps), s)
         return out

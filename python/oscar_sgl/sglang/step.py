@@ -89,7 +89,8 @@ class OscarStep:
         self.num_staging = runtime.staging_slots
         self.num_scratch = runtime.scratch_slots
         self.events = StepEvents()
-        self.pending_opens = 0  # pages the logged allocations open (reserved staging)
+        self.pending_opens = 0  # staging reserved by the logged allocations
+        self.pending_direct = 0  # scratch (direct seals) the logged allocations will take
         self.page_map = torch.full((runtime.num_pages,), -1, dtype=torch.int32, device=self.device)
         self.scratch_map = torch.full((runtime.num_pages,), -1, dtype=torch.int32, device=self.device)
         self.seal_host: list[tuple[int, int]] = []  # (page, staging page) to seal in this forward
@@ -104,24 +105,31 @@ class OscarStep:
         self._graph_plan_host: torch.Tensor | None = None
 
     # -- recording (the allocator and the radix-cache hooks) --------------------------------------
-    def reserve_staging(self, new_pages: int) -> None:
-        """Reserve staging for ``new_pages`` pages an allocation is about to open; raises
-        `StagingExhausted` (before SGLang hands anything out) when staging could not hold them."""
-        if new_pages == 0:
-            return
-        available = self.runtime.staging_available() - self.pending_opens
-        if new_pages > available:
-            raise StagingExhausted(
-                f"OScaR staging pool too small: {new_pages} page(s) would open this step, "
-                f"{available} of {self.runtime.staging_slots} staging pages are available; "
-                "size it with oscar_sgl.runtime.staging_slots_needed()",
-                {"capacity": self.runtime.staging_slots, "page": None, "event": None},
-            )
-        self.pending_opens += new_pages
+    def reserve_staging(self, new_pages: int, whole_new_pages: int = 0) -> tuple[int, int]:
+        """Reserve staging for the pages an allocation is about to open: ``new_pages`` in all, of
+        which ``whole_new_pages`` its write fills entirely (a prefill chunk's whole pages: the
+        runtime seals them directly from scratch while this step's scratch lasts, and they take no
+        staging). Raises `StagingExhausted` (before SGLang hands anything out) when staging could not
+        hold the rest. Returns the reservation, for `unreserve_staging`."""
+        direct = min(whole_new_pages, self.num_scratch - self.pending_direct)
+        need = new_pages - direct
+        if need > 0:
+            available = self.runtime.staging_available() - self.pending_opens
+            if need > available:
+                raise StagingExhausted(
+                    f"OScaR staging pool too small: {need} page(s) would stay open this step, "
+                    f"{available} of {self.runtime.staging_slots} staging pages are available; "
+                    "size it with oscar_sgl.runtime.staging_slots_needed()",
+                    {"capacity": self.runtime.staging_slots, "page": None, "event": None},
+                )
+        self.pending_opens += need
+        self.pending_direct += direct
+        return need, direct
 
-    def unreserve_staging(self, new_pages: int) -> None:
-        """The allocation that reserved ``new_pages`` failed (SGLang had no free pages)."""
-        self.pending_opens -= new_pages
+    def unreserve_staging(self, reservation: tuple[int, int]) -> None:
+        """The allocation that made ``reservation`` failed (SGLang had no free pages)."""
+        self.pending_opens -= reservation[0]
+        self.pending_direct -= reservation[1]
 
     # -- the step ------------------------------------------------------------------------------
     def start_forward(self) -> None:
@@ -142,7 +150,7 @@ class OscarStep:
         carried = self.seal_host if self.begun else []
         carried_direct = self.direct_host if self.begun else []
         ops, ids = self.events.drain()
-        self.pending_opens = 0
+        self.pending_opens = self.pending_direct = 0
         res = self.runtime.step_arrays(ops, ids)
         self._meta = None
         if len(res.map_delta):
@@ -200,7 +208,7 @@ class OscarStep:
         """SGLang's allocator was cleared (flush_cache, resize): every page free, no event pending, no
         page in staging, no seal planned."""
         self.events.clear()
-        self.pending_opens = 0
+        self.pending_opens = self.pending_direct = 0
         self.runtime.reset()
         self.seal_host, self.direct_host = [], []
         self.seal_plan = self.direct_plan = self._direct_pages = None
