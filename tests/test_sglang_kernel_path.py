@@ -236,5 +236,5 @@ def test_decode_cuda_graph_protocol_matches_eager_steps(device):
 
 def test_cuda_graph_state_needs_the_kernel_path():
     st = _stack(OscarConfig(bits=2, k_group=16, v_group=16, page_size=P), False, "cpu", torch.float32)
-    with pytest.raises(RuntimeError, match="kernel path"):
+    with pytest.raises(OscarConfigError, match="^--disable-decode-cuda-graph is needed on the torch reference path"):
         st.backend.init_cuda_graph_state(4, 4)

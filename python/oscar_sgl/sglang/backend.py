@@ -71,8 +71,9 @@ class OscarAttnBackendMixin:
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
         pool = self.token_to_kv_pool
         if not pool.use_kernels:
-            raise RuntimeError("OScaR decode CUDA graphs need the kernel path (a CUDA device); "
-                               "use --disable-decode-cuda-graph with OSCAR_SGL_USE_KERNELS=0")
+            raise OscarConfigError("--disable-decode-cuda-graph is needed on the torch reference path "
+                                   "(OSCAR_SGL_USE_KERNELS=0, or no CUDA device): OScaR decode CUDA graphs "
+                                   "capture the kernel path")
         p, dev = pool.page_size, pool.device
         r2t = self.req_to_token_pool.req_to_token
         self._g_max_pages = -(-r2t.shape[1] // p)

@@ -154,9 +154,12 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
         # decode steps have one (backend.py), on by default since it served on an H200 with outputs
         # identical to eager steps (benches/results/serving.md). SGLang's own
         # --disable-decode-cuda-graph / --disable-cuda-graph turn it off.
-        # On a CPU the pool runs the torch reference, which has no graph path.
+        # On a CPU, or with OSCAR_SGL_USE_KERNELS=0, the pool runs the torch reference: no graph path.
+        from .pool import kernels_wanted
+
         off = ["disable_prefill_cuda_graph"]
-        if str(getattr(args, "device", None) or "cuda").startswith("cpu"):
+        device = str(getattr(args, "device", None) or "cuda")
+        if not device.startswith("cuda") or not kernels_wanted("cuda"):
             off.append("disable_decode_cuda_graph")
         for name in off:
             if hasattr(args, name):
