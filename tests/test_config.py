@@ -65,7 +65,7 @@ def test_v_group_must_divide_head_dim():
 
 
 def test_bytes_per_token_matches_spec_table():
-    # OSCAR.md §3, Llama-3.1-8B shape: 96.5 B (INT2) and 160.5 B (INT4) per token per layer.
+    # docs/OSCAR.md §3, Llama-3.1-8B shape: 96.5 B (INT2) and 160.5 B (INT4) per token per layer.
     assert OscarConfig(bits=2).bytes_per_token(8, 128) == pytest.approx(8 * 96.5)
     assert OscarConfig(bits=4).bytes_per_token(8, 128) == pytest.approx(8 * 160.5)
     assert OscarConfig(bits=2).effective_bits(8, 128) == pytest.approx(3.0156, abs=1e-4)
