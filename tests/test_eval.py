@@ -1,4 +1,4 @@
-"""The evaluation protocol (OSCAR.md §6) on the real model and the embedded real text."""
+"""The evaluation protocol (docs/OSCAR.md §6) on the real model and the embedded real text."""
 
 import json
 import subprocess

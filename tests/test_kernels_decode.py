@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from test_kernels_support import ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, reference_decode, rel_rms
+from support.kernel_data import ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, reference_decode, rel_rms
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import OscarConfig

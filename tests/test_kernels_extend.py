@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
-from test_kernels_support import ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, reference_extend, rel_rms
+from support.kernel_data import ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, rel_rms
 
+from oscar_sgl import reference as R
 from oscar_sgl.config import OscarConfig
 from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
@@ -41,8 +42,13 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         prefix_lens=torch.tensor([pre for pre, _ in cases], dtype=torch.int32, device=device),
         sm_scale=sm, q_rot=q_rot, out=out, **tuning,
     )  # fmt: skip
-    ref = torch.cat([reference_extend(pool, b, pre, qs[b], ks[b], vs[b], sm) for b, (pre, _) in enumerate(cases)])
-    return rel_rms(out, ref)
+    refs = []
+    for b, (pre, _) in enumerate(cases):
+        kbs, vbs, k_open, v_open = pool.prefix(b, pre)  # the prefix, then the step's own tokens, exact
+        k_exact = torch.cat((k_open, ks[b].float().transpose(0, 1)), dim=1)
+        v_exact = torch.cat((v_open, vs[b].float().transpose(0, 1)), dim=1)
+        refs.append(R.extend_attention(qs[b].float(), kbs, vbs, k_exact, v_exact, cfg, sm))
+    return rel_rms(out, torch.cat(refs))
 
 
 @pytest.mark.parametrize("bits", [2, 4])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_support import DEVICE, gpu, needs_cuda
+from support.kernel_data import DEVICE, gpu, needs_cuda
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import OscarConfig

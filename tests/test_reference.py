@@ -146,3 +146,66 @@ def test_decode_attention_matches_dense_attention_over_restored_kv(bits, group):
     p = torch.softmax(torch.einsum("hd,hnd->hn", q, k) * d**-0.5, dim=-1)
     dense = torch.einsum("hn,hnd->hd", p, v)
     torch.testing.assert_close(out, dense, rtol=1e-4, atol=1e-4)
+
+
+def _dense_causal(q, k, v, sm_scale):
+    """Plain causal attention in the model basis: `q` `[t, Hq, D]` are the last t of the n
+    positions of `k`, `v` `[H, n, D]`."""
+    t, hq, _ = q.shape
+    n = k.shape[1]
+    group = hq // k.shape[0]
+    k = k.repeat_interleave(group, dim=0)
+    v = v.repeat_interleave(group, dim=0)
+    logits = torch.einsum("thd,hnd->thn", q, k) * sm_scale
+    mask = torch.arange(n)[None, :] > torch.arange(n - t, n)[:, None]
+    p = torch.softmax(logits.masked_fill(mask[:, None, :], float("-inf")), dim=-1)
+    return torch.einsum("thn,hnd->thd", p, v)
+
+
+def _history(cfg, h, d, sealed, exact, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    blocks = [ref.seal(torch.randn(h, 32, d, generator=g) * 3, torch.randn(h, 32, d, generator=g), cfg) for _ in range(sealed)]
+    return [b[0] for b in blocks], [b[1] for b in blocks], torch.randn(h, exact, d, generator=g), torch.randn(h, exact, d, generator=g)
+
+
+@pytest.mark.parametrize("method", ["oscar", "kivi", "scaling-only"])
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize(
+    "sealed, exact, t",
+    [(0, 9, 9), (2, 13, 5), (1, 4, 4), (2, 1, 1), (1, 0, 7)],
+    ids=["fresh-prompt", "prefix-hit-open-page", "prefix-hit", "decode", "queries-in-sealed-tokens"],
+)
+def test_extend_attention_matches_dense_causal_attention_over_restored_kv(method, bits, sealed, exact, t):
+    """Kernel-style extend (rotated basis, s on the logits) equals masked softmax attention over
+    restore_k/restore_v followed by the exact tokens, causal over positions."""
+    cfg = OscarConfig.for_method(method, bits=bits, page_size=32, norm_scope="head" if method == "scaling-only" else "layer")
+    h, group, d = 2, 3, 64
+    kbs, vbs, ke, ve = _history(cfg, h, d, sealed, exact, seed=bits + sealed + exact)
+    q = torch.randn(t, h * group, d)
+    out = ref.extend_attention(q, kbs, vbs, ke, ve, cfg, sm_scale=d**-0.5)
+    k = torch.cat([ref.restore_k(b, cfg, d) for b in kbs] + [ke], dim=1)
+    v = torch.cat([ref.restore_v(b, cfg, d) for b in vbs] + [ve], dim=1)
+    assert out.shape == (t, h * group, d) and out.dtype == torch.float32
+    torch.testing.assert_close(out, _dense_causal(q, k, v, d**-0.5), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_extend_attention_row_is_decode_attention_over_its_prefix(bits):
+    """Query i of an extend step equals one decode step at its position: the same sealed blocks,
+    the exact tokens up to and including its own."""
+    cfg = OscarConfig(bits=bits, page_size=32)
+    h, group, d, m, t = 2, 2, 64, 11, 6
+    kbs, vbs, ke, ve = _history(cfg, h, d, 2, m, seed=bits)
+    q = torch.randn(t, h * group, d)
+    out = ref.extend_attention(q, kbs, vbs, ke, ve, cfg, sm_scale=0.125)
+    for i in range(t):
+        own = m - t + i + 1
+        dec = ref.decode_attention(q[i], kbs, vbs, ke[:, :own], ve[:, :own], cfg, sm_scale=0.125)
+        torch.testing.assert_close(out[i], dec, rtol=1e-5, atol=1e-5)
+
+
+def test_extend_attention_rejects_more_queries_than_tokens():
+    cfg = OscarConfig(bits=2, page_size=32)
+    kbs, vbs, ke, ve = _history(cfg, 1, 64, 1, 2)
+    with pytest.raises(ValueError, match="35 queries over a sequence of 34 tokens"):
+        ref.extend_attention(torch.randn(35, 1, 64), kbs, vbs, ke, ve, cfg, sm_scale=0.125)

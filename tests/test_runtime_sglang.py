@@ -1,20 +1,16 @@
 """The OScaR allocator subclass under SGLang's real radix caches, on device="cpu".
 
-A small scheduler drives SGLang's `RadixCache` and `UnifiedRadixCache` (Rust TreeCore) the way
-SGLang's scheduler does (match -> lock -> alloc_extend / alloc_decode -> insert + free duplicates ->
-relock / unlock -> evict), with `OscarPagedAllocator` forwarding every page event to the Rust
-runtime in one call per step. The GPU side is emulated by a tiny "KV" store that follows the
-runtime's answers exactly as the kernels would: writes go to the staging page the map names (a
-write into a page the map says is sealed fails), attention reads staging or the packed pool by the
-same map, and the seal plan copies staging pages into the packed pool. Every token read must be the
-token written, every page must come back, and no sealed shared page may be rewritten.
+A small scheduler (`sglang_support.scheduler`) drives SGLang's `RadixCache` and `UnifiedRadixCache`
+(Rust TreeCore) the way SGLang's scheduler does (match -> lock -> alloc_extend / alloc_decode ->
+insert + free duplicates -> relock / unlock -> evict), with `OscarPagedAllocator` forwarding every
+page event to the Rust runtime in one call per step. The GPU side is emulated by a tiny "KV" store
+that follows the runtime's answers exactly as the kernels would: writes go to the staging page the
+map names (a write into a page the map says is sealed fails), attention reads staging or the packed
+pool by the same map, and the seal plan copies staging pages into the packed pool. Every token read
+must be the token written, every page must come back, and no sealed shared page may be rewritten.
 """
 
 from __future__ import annotations
-
-from array import array
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,39 +18,24 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang is not installed: the allocator subclass needs its real radix caches")
 torch = pytest.importorskip("torch")
 
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
-from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang_support.scheduler import KINDS, FakeScheduler, Req  # noqa: E402
 
 from oscar_sgl.config import OscarConfig  # noqa: E402
 from oscar_sgl.errors import StagingExhausted  # noqa: E402
 from oscar_sgl.runtime import OscarRuntime  # noqa: E402
-from oscar_sgl.sglang.allocator import OscarPagedAllocator, attach_radix_cache  # noqa: E402
+from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 
 P = 4
 
 
-@dataclass
-class Req:
-    tokens: list[int]
-    prompt_len: int
-    max_len: int
-    chunk: int
-    row: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-    seq_len: int = 0
-    protected: int = 0
-    lock: Any = None
-
-
-class Harness:
-    """One SGLang radix cache + OscarPagedAllocator + an emulated GPU that obeys the runtime."""
+class Harness(FakeScheduler):
+    """The fake scheduler + an emulated GPU that obeys the runtime (token ids as "KV")."""
 
     def __init__(self, kind: str, *, pages: int, staging: int, need_sort: bool = False) -> None:
         size = pages * P
-        self.rt = OscarRuntime(
+        rt = OscarRuntime(
             num_pages=pages + 1,
             page_size=P,
             staging_slots=staging,
@@ -62,17 +43,9 @@ class Harness:
             head_dim=16,
             config=OscarConfig(k_group=4, v_group=16, page_size=P),
         )
-        self.alloc = OscarPagedAllocator(size, P, torch.bfloat16, "cpu", None, need_sort, runtime=self.rt)
-        params = CacheInitParams(
-            disable=False,
-            req_to_token_pool=ReqToTokenPool(size=8, max_context_len=size, device="cpu", enable_memory_saver=False),
-            token_to_kv_pool_allocator=self.alloc,
-            page_size=P,
-            tree_components=(ComponentType.FULL,) if kind == "unified" else None,
-        )
-        self.kind = kind
-        self.cache: Any = RadixCache(params) if kind == "radix" else UnifiedRadixCache(params)
-        attach_radix_cache(self.cache, self.alloc)
+        alloc = OscarPagedAllocator(size, P, torch.bfloat16, "cpu", None, need_sort, runtime=rt)
+        r2t = ReqToTokenPool(size=8, max_context_len=size, device="cpu", enable_memory_saver=False)
+        super().__init__(kind, alloc, r2t, page_size=P, gen_token=lambda i: 1000 + i)
         # Observe every page SGLang frees (request, duplicate or eviction) to retire its packed copy.
         release = self.alloc._release_page_ids
 
@@ -83,7 +56,6 @@ class Harness:
             release(*page_ids)
 
         self.alloc._release_page_ids = observe
-        self.size = size
         # The emulated device: page -> staging map, staging pages, packed pool (token ids as "KV").
         self.map = np.full(pages + 1, -1, dtype=np.int32)
         self.staging = np.full((staging, P), -1, dtype=np.int64)
@@ -92,6 +64,17 @@ class Harness:
         self.shared_reads = 0
         self.steps = 0
         self._writes: list[tuple[torch.Tensor, list[int]]] = []
+
+    def forward(self, reqs: list[Req], pre: list[int], seq: list[int], out: torch.Tensor, decode: bool) -> None:
+        """The K/V writes of the step's forward: they reach the device in `step`."""
+        for r, p, s in zip(reqs, pre, seq):
+            self._writes.append((r.row[p:s].clone(), r.tokens[p:s]))
+
+    def idle(self) -> None:
+        self.step([])
+
+    def page_map(self) -> np.ndarray:
+        return self.map
 
     # ---- one scheduler step ----
 
@@ -128,99 +111,6 @@ class Harness:
             assert got == r.tokens[pos], f"position {pos}: read {got}, wrote {r.tokens[pos]}"
             if slot < 0 and self.rt.page_info(page).owner == "tree":
                 self.shared_reads += 1
-
-    # ---- what the scheduler does per request ----
-
-    def key(self, tokens: list[int]) -> RadixKey:
-        return RadixKey(array("q", tokens))
-
-    def admit(self, tokens: list[int], *, gen: int, chunk: int) -> Req:
-        r = Req(tokens=list(tokens) + [1000 + i for i in range(gen)], prompt_len=len(tokens), max_len=len(tokens) + gen, chunk=chunk)
-        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens[: len(tokens) - 1])))
-        r.row = torch.zeros(r.max_len, dtype=torch.int64)
-        if m.device_prefix_len:
-            r.row[: m.device_prefix_len] = self.cache.path_device_indices(m.last_device_node)[: m.device_prefix_len]
-        r.seq_len = r.protected = m.device_prefix_len
-        r.lock = self.cache.lock(m.last_device_node)
-        return r
-
-    def extend(self, reqs: list[Req]) -> None:
-        """One prefill batch: every request computes its next chunk."""
-        pre = [r.seq_len for r in reqs]
-        seq = [min(r.seq_len + r.chunk, r.prompt_len) for r in reqs]
-        last = [int(r.row[p - 1]) if p > 0 else -1 for r, p in zip(reqs, pre)]
-        t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-        out = self.alloc.alloc_extend(t(pre), t(pre), t(seq), t(seq), t(last), sum(seq) - sum(pre))
-        assert out is not None, "pool exhausted: evict first"
-        at = 0
-        for r, p, s in zip(reqs, pre, seq):
-            r.row[p:s] = out[at : at + s - p]
-            self._writes.append((out[at : at + s - p], r.tokens[p:s]))
-            at += s - p
-            r.seq_len = s
-
-    def decode(self, reqs: list[Req]) -> None:
-        seq = torch.tensor([r.seq_len + 1 for r in reqs], dtype=torch.int64)
-        last = torch.stack([r.row[r.seq_len - 1] for r in reqs])
-        out = self.alloc.alloc_decode(seq, seq, last)
-        assert out is not None
-        for r, loc in zip(reqs, out):
-            r.row[r.seq_len] = loc
-            self._writes.append((loc.reshape(1), [r.tokens[r.seq_len]]))
-            r.seq_len += 1
-
-    def _insert(self, r: Req) -> int:
-        """Insert the page-aligned prefix; the duplicates it exposes are freed as each cache does it:
-        RadixCache by its caller (`_insert_cache`), UnifiedRadixCache by the tree itself from
-        `prev_prefix_len` on (`checkpoint_into_tree`)."""
-        key = self.key(r.tokens[: r.seq_len]).page_aligned(P)
-        n = len(key)
-        if self.kind == "unified":
-            self.cache.insert(InsertParams(key=key, value=r.row[:n].clone(), prev_prefix_len=r.protected))
-        else:
-            result = self.cache.insert(InsertParams(key=key, value=r.row[:n].clone()))
-            dup = r.row[r.protected : result.prefix_len]
-            if dup.numel():
-                self.alloc.free_segment(dup, start_pos=r.protected)
-        return n
-
-    def checkpoint(self, r: Req) -> None:
-        """cache_unfinished_req (chunked prefill): insert, adopt the tree's pages, move the lock."""
-        n = self._insert(r)
-        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(r.tokens[:n])))
-        assert m.device_prefix_len == n
-        r.row[:n] = self.cache.path_device_indices(m.last_device_node)[:n]
-        r.protected = n
-        self.cache.unlock(r.lock)
-        r.lock = self.cache.lock(m.last_device_node)
-
-    def finish(self, r: Req) -> None:
-        """cache_finished_req: insert, free the tail page, drop the lock."""
-        n = self._insert(r)
-        tail = r.row[n : r.seq_len]
-        if tail.numel():
-            self.alloc.free_segment(tail, start_pos=n)
-        self.cache.unlock(r.lock)
-
-    def abort(self, r: Req) -> None:
-        """Abort (or retraction): free what the request owns, drop the lock, insert nothing."""
-        own = r.row[r.protected : r.seq_len]
-        if own.numel():
-            self.alloc.free_segment(own, start_pos=r.protected)
-        self.cache.unlock(r.lock)
-
-    def evict_all_and_check(self) -> None:
-        self.cache.evict(EvictParams(num_tokens=self.size))
-        self.step([])
-        self.step([])  # the last seals' staging pages come back when the next step starts
-        s = self.rt.stats()
-        assert self.alloc.available_size() == self.size, "SGLang did not get every page back"
-        assert s.free_pages == s.total_pages, s
-        assert self.rt.staging_free() == self.rt.staging_slots, "a staging page leaked"
-        assert (self.map == -1).all()
-
-
-KINDS = ["radix", "unified"]
 
 
 def _prompt(base: int, n: int) -> list[int]:

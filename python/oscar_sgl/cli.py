@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="quality evaluation on a real model")
     evsub = ev.add_subparsers(dest="eval_command", required=True)
-    ppl = evsub.add_parser("ppl", help="perplexity, KL and top-1 agreement vs full precision (OSCAR.md §6)")
+    ppl = evsub.add_parser("ppl", help="perplexity, KL and top-1 agreement vs full precision (docs/OSCAR.md §6)")
     _add_model_flags(ppl)
     ppl.add_argument("--bits", type=int, nargs="+", default=[2, 4], choices=(2, 4),
                      help="code widths to evaluate, each against full precision (default: 2 4)")

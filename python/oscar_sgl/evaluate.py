@@ -1,4 +1,4 @@
-"""Quality evaluation with the protocol of OSCAR.md §6.
+"""Quality evaluation with the protocol of docs/OSCAR.md §6.
 
 Perplexity: prefill `prefix_tokens` exactly, seal every whole block (flush), then score the next
 `score_tokens` in chunks whose boundaries sit on flush points. Inside a chunk the causal mask gives
@@ -150,7 +150,7 @@ def _bar(total: int, enabled: bool) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
-# Token-norm imbalance (OSCAR.md §1)
+# Token-norm imbalance (docs/OSCAR.md §1)
 # ------------------------------------------------------------------------------------------------
 
 

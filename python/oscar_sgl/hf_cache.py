@@ -8,8 +8,8 @@ Any Hugging Face causal LM (GQA included) can generate and be scored with it. Pe
 
 Flushes are lazy: a step always attends to its own new tokens exactly; at the start of the next
 `update` (or on an explicit `flush()`) every whole block of the tail is sealed. This is the block
-flush of docs/OSCAR.md §2.4, and it is what makes R-aligned chunked scoring identical to token-by-token
-decoding.
+flush of docs/OSCAR.md §2.4, and it is what makes R-aligned chunked scoring identical to
+token-by-token decoding.
 
 Attention sees `restore_k`/`restore_v` of the sealed blocks (dequantized, times s_t, un-rotated):
 `q . restore_k = s_t <H q, deq(K_bar)>`, the logits the fused GPU kernel computes in the rotated
@@ -174,7 +174,7 @@ class OscarCache(Cache):
         super().__init__(layers=list(self.oscar_layers))
 
     def flush(self) -> None:
-        """Seal every whole block now (call after a prefill to quantize it, OSCAR.md §2.4)."""
+        """Seal every whole block now (call after a prefill to quantize it, docs/OSCAR.md §2.4)."""
         for layer in self.oscar_layers:
             layer.flush()
 

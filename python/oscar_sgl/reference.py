@@ -10,6 +10,7 @@ The pipeline for one block of keys/values (post-RoPE):
     block        = pack_block(k_rot, v_rot, s)      # per-channel K / per-token V, b bits, packed
     k_bar, v_hat = unpack_block(block)              # dequantized, still rotated, K still / s
     logits       = s * <rotate(q), k_bar> * sm_scale
+    out          = extend_attention(q, blocks, exact)  # causal; decode_attention: one query
 """
 
 from __future__ import annotations
@@ -49,11 +50,6 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
         y = torch.stack((a + b, a - b), dim=2)
         h *= 2
     return (y.reshape(*lead, d) * (1.0 / math.sqrt(d))).contiguous()
-
-
-def hadamard_matrix(d: int) -> torch.Tensor:
-    """The dense `[d, d]` fp32 normalized Hadamard matrix (for tests and documentation)."""
-    return hadamard(torch.eye(d))
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,25 +282,61 @@ def decode_attention(
     Returns:
         `[Hq, D]` fp32 attention output in the model's (un-rotated) basis.
 
+    The query sees every token: this is `extend_attention` of one query (the last token of the
+    sequence), `extend_attention(q[None], ...)[0]`.
+    """
+    return extend_attention(q[None], k_blocks, v_blocks, k_tail, v_tail, cfg, sm_scale)[0]
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_blocks: list[KBlock],
+    v_blocks: list[VBlock],
+    k_exact: torch.Tensor,
+    v_exact: torch.Tensor,
+    cfg: OscarConfig,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Causal attention of the last `t` tokens of a sequence over the sequence, computed the way the
+    kernels do: what a prefill chunk (a fresh prompt, or the tokens after a prefix-cache hit) sees.
+
+    The sequence is the sealed blocks (positions `0 .. n_s-1`, `n_s` their tokens in all) followed by
+    the exact tokens (positions `n_s .. L-1`, `L = n_s + m`). The queries are its last `t` tokens:
+    query `i` is at position `L - t + i` and sees every token at or before that position, sealed
+    ones as codes (dequantized, logits times s_t), exact ones as they are. With block flush
+    (docs/OSCAR.md §2.4, §4) the sealed blocks are the pages sealed before the step, the exact
+    tokens the open page's tokens written before the step and then the step's own `t` tokens, so
+    every query sees every sealed token.
+
+    Args:
+        q: `[t, Hq, D]` post-RoPE queries, Hq a multiple of the KV heads H (GQA), `t <= L`.
+        k_blocks, v_blocks: sealed history, oldest first (may be empty).
+        k_exact, v_exact: `[H, m, D]` exact keys / values (post-RoPE, not rotated; m may be 0).
+        sm_scale: the softmax scale applied to the logits.
+    Returns:
+        `[t, Hq, D]` fp32 attention output in the model's (un-rotated) basis.
+
     Works in the rotated basis: logits of sealed tokens are `s * <Hq, deq(K_bar)> * sm_scale`,
     the output is accumulated rotated and un-rotated once at the end.
     """
-    hq, d = q.shape
-    h = k_tail.shape[0]
-    group = hq // h
-    q_rot = rotate(q, cfg).reshape(h, group, d)
+    t, hq, d = q.shape
+    h = k_exact.shape[0]
+    length = sum(kb.num_tokens for kb in k_blocks) + k_exact.shape[1]  # L
+    if t > length:
+        raise ValueError(f"{t} queries over a sequence of {length} tokens: the queries are its last tokens")
+    q_rot = rotate(q, cfg).reshape(t, h, hq // h, d)
     logits, values = [], []
-    for kb, vb in zip(k_blocks, v_blocks):
-        k_bar = unpack_k(kb, cfg, d)  # [H, n, D]
-        lg = torch.einsum("hgd,hnd->hgn", q_rot, k_bar)
+    for kb, vb in zip(k_blocks, v_blocks, strict=True):
+        lg = torch.einsum("thgd,hnd->hgtn", q_rot, unpack_k(kb, cfg, d))
         if kb.scale is not None:
-            lg = lg * _broadcast_scale(kb.scale, h).transpose(1, 2)
+            lg = lg * _broadcast_scale(kb.scale, h).transpose(1, 2)[:, :, None, :]
         logits.append(lg)
         values.append(unpack_v(vb, cfg, d))
-    if k_tail.shape[1]:
-        logits.append(torch.einsum("hgd,hnd->hgn", q_rot, rotate(k_tail, cfg)))
-        values.append(rotate(v_tail, cfg))
-    lg = torch.cat(logits, dim=2) * sm_scale
+    logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, rotate(k_exact, cfg)))
+    values.append(rotate(v_exact, cfg))
+    pos = torch.arange(length, device=q.device)
+    visible = pos[None, :] <= pos[length - t :, None]  # [t, L]: causal over the whole sequence
+    lg = (torch.cat(logits, dim=3) * sm_scale).masked_fill(~visible, float("-inf"))
     p = torch.softmax(lg, dim=-1)
-    out = torch.einsum("hgn,hnd->hgd", p, torch.cat(values, dim=1)).reshape(hq, d)
+    out = torch.einsum("hgtn,hnd->thgd", p, torch.cat(values, dim=1)).reshape(t, hq, d)
     return rotate(out, cfg)

@@ -54,7 +54,6 @@ OP_RELEASE = _core.OP_RELEASE
 OP_LOCK = _core.OP_LOCK
 OP_UNLOCK = _core.OP_UNLOCK
 OP_SHARE = _core.OP_SHARE
-NO_SLOT = _core.NO_SLOT
 
 #: Events that write or open pages: only a step may apply them (the runtime refuses them in a flush).
 _STEP_OPS = frozenset((OP_EXTEND, OP_DECODE, OP_ALLOC, OP_WRITE))
@@ -301,18 +300,6 @@ class OscarRuntime:
     @property
     def layout_version(self) -> int:
         return self._rt.layout_version
-
-    def resized(self, num_pages: int) -> "OscarRuntime":
-        """A fresh runtime with the same settings and another page count."""
-        return OscarRuntime(
-            num_pages=num_pages,
-            page_size=self.page_size,
-            staging_slots=self.staging_slots,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            config=self.config,
-            scratch_slots=self.scratch_slots,
-        )
 
     def step(self, batch: EventBatch) -> StepResult:
         """Apply one step's events (raises ``EventError``, ``StagingExhausted``, ``InvariantViolation``)."""

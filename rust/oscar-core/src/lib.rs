@@ -1,5 +1,5 @@
 //! OScaR host-side core: the golden packer (docs/LAYOUT.md), memory planning, and the page runtime
-//! that mirrors SGLang's KV pages (OSCAR.md §4). Pure Rust: no PyO3, no libtorch, no GPU.
+//! that mirrors SGLang's KV pages (docs/OSCAR.md §4). Pure Rust: no PyO3, no libtorch, no GPU.
 //!
 //! The Python binding (`rust/oscar-py`, built into `oscar_sgl._core`) is a thin shell over this
 //! crate; every rule lives here.

@@ -140,7 +140,7 @@ pub struct MemoryPlan {
 
 /// Tokens that fit in `budget_bytes` for each of BF16, FP8, INT4 and INT2.
 ///
-/// The quantized formats pay for `staging_pages` BF16 pages (the open pages, OSCAR.md §4) before
+/// The quantized formats pay for `staging_pages` BF16 pages (the open pages, docs/OSCAR.md §4) before
 /// any packed page; INT4/INT2 take groups and token scaling from `quant` with `bits` replaced.
 /// Every pool also loses one page to SGLang's padding slot 0.
 pub fn plan_memory(

@@ -1,4 +1,4 @@
-//! The host runtime: a mirror of SGLang's KV pages with their OScaR state (OSCAR.md §4).
+//! The host runtime: a mirror of SGLang's KV pages with their OScaR state (docs/OSCAR.md §4).
 //!
 //! SGLang owns page allocation (its own free list); this runtime is told what happened, once per
 //! scheduler step, as one batch of events, and answers with the work the GPU must do:

@@ -402,7 +402,6 @@ impl Runtime {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LAYOUT_VERSION", oscar_core::LAYOUT_VERSION)?;
-    m.add("NO_SLOT", runtime::NO_SLOT)?;
     for (name, op) in [
         ("OP_EXTEND", runtime::OP_EXTEND),
         ("OP_DECODE", runtime::OP_DECODE),

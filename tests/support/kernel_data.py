@@ -98,8 +98,13 @@ class Pool:
     v_blocks: list = field(default_factory=list)
     k_tail: list = field(default_factory=list)  # per request: [H, t, D] fp32 of the open page (un-rotated basis)
     v_tail: list = field(default_factory=list)
-    stg_k_rot: list = field(default_factory=list)  # per request: [H, t, D] fp32 rotated staging values
-    stg_v_rot: list = field(default_factory=list)
+
+    def prefix(self, b: int, n: int) -> tuple[list, list, torch.Tensor, torch.Tensor]:
+        """The first ``n`` pooled tokens of request ``b`` as the reference sees them: the sealed
+        blocks among them, then the rest of them (its open page, as staged in BF16, un-rotated)."""
+        sealed = min(n // self.p, len(self.k_blocks[b]))
+        rest = n - sealed * self.p
+        return self.k_blocks[b][:sealed], self.v_blocks[b][:sealed], self.k_tail[b][:, :rest], self.v_tail[b][:, :rest]
 
     def pool_kwargs(self) -> dict:
         return dict(
@@ -187,8 +192,6 @@ def build_pool(
         # the reference rotates its tail itself: hand it the staged BF16 values taken back
         pool.k_tail.append(R.rotate(k_rot.float(), cfg))
         pool.v_tail.append(R.rotate(v_rot.float(), cfg))
-        pool.stg_k_rot.append(k_rot.float())
-        pool.stg_v_rot.append(v_rot.float())
     pool.kv_page_indices = torch.tensor(pages, dtype=torch.int32)
     for name in ("k_codes", "k_params", "v_codes", "v_params", "scale", "staging_k", "staging_v", "staging_scale",
                  "page_to_staging", "kv_indptr", "kv_page_indices", "seq_lens"):  # fmt: skip
@@ -206,42 +209,3 @@ def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float) -> torch.Tens
             R.decode_attention(q[b].float().cpu(), pool.k_blocks[b], pool.v_blocks[b], pool.k_tail[b], pool.v_tail[b], pool.cfg, sm_scale)
         )
     return torch.stack(outs)
-
-
-def reference_extend(
-    pool: Pool, b: int, prefix: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, sm_scale: float
-) -> torch.Tensor:
-    """Attention of ``n`` new tokens of request ``b`` over its first ``prefix`` pooled tokens plus
-    the new tokens, causal; ``[n, Hq, D]`` fp32. Built from reference primitives: sealed prefix
-    pages dequantized (logits times s_t, rotated basis), an open prefix page as its rotated BF16
-    staging values, new tokens exact in the model basis."""
-    cfg = pool.cfg
-    n, hq, d = q.shape
-    h = k_new.shape[1]
-    g = hq // h
-    q = q.float().cpu()
-    qr = R.rotate(q, cfg).reshape(n, h, g, d)
-    logits, vals = [], []
-    sealed = min(prefix // pool.p, len(pool.k_blocks[b]))
-    for kb, vb in zip(pool.k_blocks[b][:sealed], pool.v_blocks[b][:sealed]):
-        lg = torch.einsum("nhgd,htd->nhgt", qr, R.unpack_k(kb, cfg, d))
-        if kb.scale is not None:
-            st = kb.scale.t().expand(h, -1)  # [H, t]: one column (layer scope) or one per head
-            lg = lg * st[None, :, None, :]
-        logits.append(lg)
-        vals.append(R.unpack_v(vb, cfg, d))
-    rest = prefix - sealed * pool.p
-    if rest:
-        logits.append(torch.einsum("nhgd,htd->nhgt", qr, pool.stg_k_rot[b][:, :rest]))
-        vals.append(pool.stg_v_rot[b][:, :rest])
-    qn = q.reshape(n, h, g, d)
-    lg_new = torch.einsum("nhgd,mhd->nhgm", qn, k_new.float().cpu())
-    causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
-    lg_new = lg_new.masked_fill(~causal[:, None, None, :], float("-inf"))
-    p = torch.softmax(torch.cat(logits + [lg_new], dim=-1) * sm_scale, dim=-1)
-    n_pre = sum(x.shape[1] for x in vals)
-    out = torch.einsum("nhgm,mhd->nhgd", p[..., n_pre:], v_new.float().cpu())
-    if n_pre:
-        out_rot = torch.einsum("nhgt,htd->nhgd", p[..., :n_pre], torch.cat(vals, dim=1))
-        out = out + R.rotate(out_rot, cfg)
-    return out.reshape(n, hq, d)
