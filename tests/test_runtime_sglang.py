@@ -24,8 +24,9 @@ from sglang_support.scheduler import KINDS, FakeScheduler, Req  # noqa: E402
 
 from oscar_sgl.config import OscarConfig  # noqa: E402
 from oscar_sgl.errors import StagingExhausted  # noqa: E402
-from oscar_sgl.runtime import OscarRuntime  # noqa: E402
+from oscar_sgl.runtime import OscarRuntime, StepResult  # noqa: E402
 from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
+from oscar_sgl.sglang.step import OscarStep  # noqa: E402
 
 P = 4
 
@@ -43,7 +44,7 @@ class Harness(FakeScheduler):
             head_dim=16,
             config=OscarConfig(k_group=4, v_group=16, page_size=P),
         )
-        alloc = OscarPagedAllocator(size, P, torch.bfloat16, "cpu", None, need_sort, runtime=rt)
+        alloc = OscarPagedAllocator(size, P, torch.bfloat16, "cpu", None, need_sort, step=OscarStep(rt, device="cpu"))
         r2t = ReqToTokenPool(size=8, max_context_len=size, device="cpu", enable_memory_saver=False)
         super().__init__(kind, alloc, r2t, page_size=P, gen_token=lambda i: 1000 + i)
         # Observe every page SGLang frees (request, duplicate or eviction) to retire its packed copy.
@@ -73,6 +74,14 @@ class Harness(FakeScheduler):
     def idle(self) -> None:
         self.step([])
 
+    def begin(self) -> StepResult:
+        """The step's one runtime call (`OscarStep.begin`); this emulated forward has one layer."""
+        step = self.alloc.oscar_step
+        res = step.begin(new_step=True)
+        step.end_layer(0, 1)
+        assert res is not None
+        return res
+
     def page_map(self) -> np.ndarray:
         return self.map
 
@@ -80,7 +89,7 @@ class Harness(FakeScheduler):
 
     def step(self, reads: list[Req]) -> None:
         """Flush events (one runtime call), run the "forward": writes, attention reads, seals."""
-        res = self.alloc.oscar_step()
+        res = self.begin()
         self.steps += 1
         for page, slot in res.map_delta.tolist():
             self.map[page] = slot
@@ -237,7 +246,7 @@ def test_clear_resets_the_runtime() -> None:
     h.step([r])
     assert h.rt.stats().open_pages == 1
     h.alloc.clear()
-    res = h.alloc.oscar_step()
+    res = h.begin()
     assert sorted(res.map_delta[:, 1].tolist()) == [-1, -1]
     assert h.rt.stats().free_pages == h.rt.stats().total_pages
     h.rt.check()

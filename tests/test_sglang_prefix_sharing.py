@@ -80,7 +80,7 @@ class Server(FakeScheduler):
             size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
             device="cpu", enable_memory_saver=False,
         )
-        alloc = OscarPagedAllocator(size, P, torch.float32, "cpu", self.pool, False, runtime=self.pool.oscar_runtime)
+        alloc = OscarPagedAllocator(size, P, torch.float32, "cpu", self.pool, False, step=self.pool.oscar_step)
         self.r2t = ReqToTokenPool(size=8, max_context_len=256, device="cpu", enable_memory_saver=False)
         super().__init__(kind, alloc, self.r2t, page_size=P, gen_token=lambda i: 500 + 7 * i)
         runner = SimpleNamespace(device="cpu", req_to_token_pool=self.r2t, token_to_kv_pool=self.pool)
@@ -115,8 +115,8 @@ class Server(FakeScheduler):
         self.rt.check()
 
     def idle(self) -> None:
-        self.pool.oscar_begin_step(new_step=True)
-        self.pool._step_begun = False
+        self.pool.oscar_step.begin(new_step=True)
+        self.pool.oscar_step.end_layer(LAYERS - 1, LAYERS)
         self.steps += 1
 
     def page_map(self) -> torch.Tensor:
@@ -267,7 +267,7 @@ def test_resize_keeps_allocator_pool_and_runtime_consistent() -> None:
     assert s.free_pages == s.total_pages and s.open_pages == s.sealed_pages == s.tree_pages == 0, s
     assert srv.rt.staging_free() == srv.rt.staging_slots
     assert bool((srv.pool.page_map == -1).all()), "the pool's page map still names staging pages"
-    assert srv.pool._seal_plan is None and not srv.pool._step_begun
+    assert srv.pool.oscar_step.seal_plan is None and not srv.pool.oscar_step.begun
 
     # The resized allocator serves requests over the same pool: attention checked against the
     # reference at every step, page ids within the new range, everything returned at the end.
@@ -286,13 +286,13 @@ def test_resize_keeps_allocator_pool_and_runtime_consistent() -> None:
 
 def test_metrics_describe_the_state_after_the_step() -> None:
     """What `/server_info` and the `oscar:*` gauges report once SGLang has processed a step's results
-    (the plug-in calls `oscar_after_step` after `Scheduler.process_batch_result`): the finished
+    (the plug-in calls `metrics.after_step` after `Scheduler.process_batch_result`): the finished
     request's pages are already released or in the tree, its locks gone, its staging pages back. The
     runtime sees those events between steps (a flush, not a step), never during a forward, and never
     ahead of the next batch's allocations."""
     from prometheus_client import REGISTRY
 
-    from oscar_sgl.sglang.metrics import snapshot
+    from oscar_sgl.sglang.metrics import after_step, snapshot
 
     def gauge(name: str, **labels: str) -> float | None:
         return REGISTRY.get_sample_value(name, {**labels, "tp_rank": "0"})
@@ -302,15 +302,15 @@ def test_metrics_describe_the_state_after_the_step() -> None:
     srv.extend([a])
     for _ in range(6):
         srv.decode([a])
-    srv.pool.oscar_after_step()  # a decode step's results: nothing finished yet
-    s = snapshot(srv.pool)
+    after_step(srv.pool, srv.alloc)  # a decode step's results: nothing finished yet
+    s = snapshot(srv.pool, srv.alloc)
     assert (s["pages"]["open"], s["pages"]["sealed"], s["tree_pages"]) == (1, 3, 0), s
     assert gauge("oscar:pages", state="open") == 1 and gauge("oscar:pages", state="sealed") == 3
 
     srv.finish(a)  # result processing: whole pages into the tree, the tail page released, unlock
     steps = s["runtime_steps"]
-    srv.pool.oscar_after_step()
-    s = snapshot(srv.pool)
+    after_step(srv.pool, srv.alloc)
+    s = snapshot(srv.pool, srv.alloc)
     assert (s["pages"]["open"], s["pages"]["sealed"], s["tree_pages"], s["locked_pages"]) == (0, 3, 3, 0), s
     assert s["staging_pages_in_use"] == 0 and s["pages"]["free"] == 16 - 3, s
     assert s["runtime_steps"] == steps, "a flush between steps is not a step"
@@ -323,7 +323,7 @@ def test_metrics_describe_the_state_after_the_step() -> None:
     assert b.protected == 16
     t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
     out = srv.alloc.alloc_extend(t([16]), t([16]), t([22]), t([22]), t([int(b.row[15])]), 6)
-    assert not srv.pool.oscar_sync(), "flushed the next batch's allocation outside its step"
+    assert not srv.pool.oscar_step.flush(), "flushed the next batch's allocation outside its step"
     b.row[16:22] = out
     b.seq_len = 22
     srv.r2t.req_to_token[b.rid, :22] = b.row[:22].to(torch.int32)
@@ -332,18 +332,18 @@ def test_metrics_describe_the_state_after_the_step() -> None:
     srv.backend.init_forward_metadata(fb)  # B's step begins (one runtime call)
     srv.steps += 1
     srv.alloc.record_unlock(torch.zeros(0, dtype=torch.int64))  # an event logged mid-forward
-    assert not srv.pool.oscar_sync(), "flushed while a forward was under way"
+    assert not srv.pool.oscar_step.flush(), "flushed while a forward was under way"
     for li, layer in enumerate(srv.layers):
         k, v, q = kvq(b.tokens, 16, 22, li)
         o = srv.backend.forward_extend(q.reshape(-1, HQ * D), k, v, layer, fb).reshape(-1, HQ, D)
         for j, pos in enumerate(range(16, 22)):
             torch.testing.assert_close(o[j], expected(b.tokens, pos, 16, li), atol=3e-5, rtol=3e-5)
-    srv.pool.oscar_after_step()
-    assert snapshot(srv.pool)["locked_pages"] == 2  # B still holds the shared prefix
+    after_step(srv.pool, srv.alloc)
+    assert snapshot(srv.pool, srv.alloc)["locked_pages"] == 2  # B still holds the shared prefix
     for _ in range(2):
         srv.decode([b])
     srv.finish(b)
-    srv.pool.oscar_after_step()
-    s = snapshot(srv.pool)
+    after_step(srv.pool, srv.alloc)
+    s = snapshot(srv.pool, srv.alloc)
     assert (s["pages"]["open"], s["locked_pages"], s["staging_pages_in_use"]) == (0, 0, 0), s
     srv.evict_all_and_check()  # the next steps deliver the map changes the flushes made

@@ -64,7 +64,7 @@ class FakeScheduler:
 
     @property
     def rt(self) -> OscarRuntime:
-        return self.alloc.oscar_runtime
+        return self.alloc.oscar_step.runtime
 
     # ---- what the subclass does ----
 

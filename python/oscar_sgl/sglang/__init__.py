@@ -6,7 +6,7 @@
   plans, CUDA-graph plan (the allocator records into it, the pool writes and seals by it, the
   backend begins it).
 - `pool.OscarKVPool` — packed INT2/INT4 codes + fp16 params + fp32 token scales per page, BF16
-  staging for open pages (docs/LAYOUT.md, paged).
+  staging for open pages (docs/LAYOUT.md §3, docs/OSCAR.md §4).
 - `backend.OscarAttnBackend` — the `oscar` attention backend (torch reference on CPU).
 - `metrics` — compression ratio, pages by state, seals and staging use, per TP rank, as of after
   the last step.

@@ -5,7 +5,7 @@ after RoPE and are rotated inside; v is rotated on the way into a sealed page (t
 attention output is accumulated in the rotated basis and un-rotated once.
 
 What a query at position i of a step that starts at position s0 sees (block flush with R = page
-size, docs/LAYOUT.md and OSCAR.md §4): the pages sealed before this step (all whole pages below
+size, docs/LAYOUT.md and docs/OSCAR.md §4): the pages sealed before this step (all whole pages below
 s0's page) as codes (dequantized, logits times s_t), and everything from that page boundary up to
 i exactly (BF16 staging of the open page, then this step's own K/V). So a fresh prompt keeps exact
 attention and is sealed afterwards, a prefix-cache hit attends to the sealed shared pages, and a
@@ -173,7 +173,6 @@ class OscarAttnBackendMixin:
         at = 0
         for i, (r, s0, s1) in enumerate(zip(rows, pre, seq)):
             n = s1 - s0
-            start = s0 // p * p
             k_fp = k_new[at:at + n].transpose(0, 1).float()
             v_fp = v_new[at:at + n].transpose(0, 1).float()
             if prev[i] is not None:
@@ -182,15 +181,12 @@ class OscarAttnBackendMixin:
             n_sealed = s0 // p  # pages sealed before this step; later tokens of the step stay exact
             pages = req_to_token[r, 0:n_sealed * p:p].to(torch.int64) // p
             blocks = pool.sealed_blocks(li, pages) if n_sealed else None
+            kbs, vbs = ([blocks[0]], [blocks[1]]) if blocks is not None else ([], [])
             if decode:
-                o = ref.decode_attention(
-                    q_[at], [blocks[0]] if blocks else [], [blocks[1]] if blocks else [],
-                    k_fp, v_fp, self.cfg, layer.scaling,
-                )
-                out[at] = o.to(q.dtype)
-            else:
-                out[at:at + n] = self._extend_one(q_[at:at + n], blocks, k_fp, v_fp, s0, start,
-                                                  h, layer.scaling).to(q.dtype)
+                out[at] = ref.decode_attention(q_[at], kbs, vbs, k_fp, v_fp, self.cfg, layer.scaling).to(q.dtype)
+            else:  # the new tokens are the last n of the sealed pages + exact tokens, causally
+                out[at:at + n] = ref.extend_attention(q_[at:at + n], kbs, vbs, k_fp, v_fp, self.cfg,
+                                                      layer.scaling).to(q.dtype)
             at += n
         return out.reshape(-1, hq * d)
 
@@ -272,38 +268,6 @@ class OscarAttnBackendMixin:
                 max_new_tokens=meta["max_new_tokens"], **common,
             )
         return out.reshape(-1, hq * d)
-
-    def _extend_one(self, q: torch.Tensor, blocks: Any, k_fp: torch.Tensor, v_fp: torch.Tensor,
-                    s0: int, start: int, h: int, sm_scale: float) -> torch.Tensor:
-        """Causal attention of `t` new queries `[t, Hq, D]` at positions s0.. of one request.
-
-        `blocks`: the pages sealed before this step (positions < start), all visible to every
-        query; `k_fp`/`v_fp`: `[H, m, D]` exact tokens at positions start.. (the open page's
-        staging, then the new tokens), causally masked."""
-        cfg = self.cfg
-        t, hq, d = q.shape
-        g = hq // h
-        q_rot = ref.rotate(q, cfg).reshape(t, h, g, d)
-        pos = torch.arange(s0, s0 + t, device=q.device)
-        logits, values, masks = [], [], []
-        if blocks is not None:
-            kb, vb = blocks
-            k_bar = ref.unpack_k(kb, cfg, d)
-            lg = torch.einsum("thgd,hnd->hgtn", q_rot, k_bar)
-            if kb.scale is not None:
-                lg = lg * ref._broadcast_scale(kb.scale, h).transpose(1, 2)[:, :, None, :]
-            logits.append(lg)
-            values.append(ref.unpack_v(vb, cfg, d))
-            masks.append(torch.ones(t, k_bar.shape[1], dtype=torch.bool, device=q.device))
-        logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, ref.rotate(k_fp, cfg)))
-        values.append(ref.rotate(v_fp, cfg))
-        j = torch.arange(start, start + k_fp.shape[1], device=q.device)
-        masks.append(j[None, :] <= pos[:, None])
-        lg = torch.cat(logits, dim=3) * sm_scale
-        lg = lg.masked_fill(~torch.cat(masks, dim=1)[None, None], float("-inf"))
-        prob = torch.softmax(lg, dim=-1)
-        o = torch.einsum("hgtn,hnd->thgd", prob, torch.cat(values, dim=1)).reshape(t, hq, d)
-        return ref.rotate(o, cfg)
 
 
 def backend_class() -> type:

@@ -1,4 +1,4 @@
-"""`OscarKVPool`: SGLang's MHA pool with OScaR pages (docs/LAYOUT.md, paged layout).
+"""`OscarKVPool`: SGLang's MHA pool with OScaR pages (docs/LAYOUT.md §3, docs/OSCAR.md §4).
 
 Per layer (leading axis = SGLang page id; page 0 is SGLang's padding page and is never read):
 
