@@ -78,12 +78,12 @@ def v_cases(draw: st.DrawFn) -> tuple[np.ndarray, int, int]:
 
 def _rust_k(x: np.ndarray, bits: int, k_group: int) -> tuple[bytes, bytes]:
     h, n, d = x.shape
-    return _core.pack_k(x.tobytes(), heads=h, tokens=n, head_dim=d, bits=bits, k_group=k_group)
+    return _core.pack(x.tobytes(), shape=(h, n, d), bits=bits, part="k", group=k_group)
 
 
 def _rust_v(x: np.ndarray, bits: int, v_group: int) -> tuple[bytes, bytes]:
     h, n, d = x.shape
-    return _core.pack_v(x.tobytes(), heads=h, tokens=n, head_dim=d, bits=bits, v_group=v_group)
+    return _core.pack(x.tobytes(), shape=(h, n, d), bits=bits, part="v", group=v_group)
 
 
 def _cfg(bits: int, k_group: int = 32, v_group: int = 32) -> OscarConfig:
@@ -162,7 +162,7 @@ def test_round_trip_k(case: tuple[np.ndarray, int, int]) -> None:
     h, n, d = x.shape
     codes, params = _rust_k(x, bits, k_group)
     y = np.frombuffer(
-        _core.unpack_k(codes, params, heads=h, tokens=n, head_dim=d, bits=bits, k_group=k_group), dtype=np.float32
+        _core.unpack(codes, params, shape=(h, n, d), bits=bits, part="k", group=k_group), dtype=np.float32
     ).reshape(h, n, d)
     # Same result as the reference dequantizer, bit for bit.
     ref = reference.unpack_k(reference.pack_k(torch.from_numpy(x), None, _cfg(bits, k_group=k_group)), _cfg(bits, k_group=k_group), d)
@@ -184,7 +184,7 @@ def test_round_trip_v(case: tuple[np.ndarray, int, int]) -> None:
     h, n, d = x.shape
     codes, params = _rust_v(x, bits, v_group)
     y = np.frombuffer(
-        _core.unpack_v(codes, params, heads=h, tokens=n, head_dim=d, bits=bits, v_group=v_group), dtype=np.float32
+        _core.unpack(codes, params, shape=(h, n, d), bits=bits, part="v", group=v_group), dtype=np.float32
     ).reshape(h, n, d)
     ref = reference.unpack_v(reference.pack_v(torch.from_numpy(x), _cfg(bits, v_group=v_group)), _cfg(bits, v_group=v_group), d)
     assert y.tobytes() == ref.numpy().tobytes()
@@ -208,26 +208,30 @@ def test_negative_zero_folds_to_positive_zero() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(bits=3, k_group=32),
-        dict(bits=2, k_group=24),
-        dict(bits=2, k_group=64),  # 32 tokens are not a whole group of 64
+        dict(bits=3, group=32),
+        dict(bits=2, group=24),
+        dict(bits=2, group=64),  # 32 tokens are not a whole group of 64
     ],
 )
 def test_bad_shapes_raise_layout_error(kwargs: dict[str, int]) -> None:
     x = np.ones((1, 32, 64), dtype=np.float32)
     with pytest.raises(LayoutError):
-        _core.pack_k(x.tobytes(), heads=1, tokens=32, head_dim=64, **kwargs)
+        _core.pack(x.tobytes(), part="k", shape=(1, 32, 64), **kwargs)
+    with pytest.raises(LayoutError, match="part must be 'k' or 'v', got \"q\""):
+        _core.pack(x.tobytes(), part="q", shape=(1, 32, 64), bits=2, group=32)
+    with pytest.raises(LayoutError, match="part must be 'k' or 'v'"):
+        _core.unpack(b"", b"", part="", shape=(1, 32, 64), bits=2, group=32)
 
 
 def test_non_finite_and_short_buffers_raise() -> None:
     x = np.ones((1, 32, 64), dtype=np.float32)
     x[0, 1, 1] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
-        _core.pack_v(x.tobytes(), heads=1, tokens=32, head_dim=64, bits=2, v_group=32)
+        _core.pack(x.tobytes(), shape=(1, 32, 64), bits=2, part="v", group=32)
     with pytest.raises(LayoutError):
-        _core.pack_v(b"\0" * 12, heads=1, tokens=32, head_dim=64, bits=2, v_group=32)
+        _core.pack(b"\0" * 12, shape=(1, 32, 64), bits=2, part="v", group=32)
     with pytest.raises(LayoutError):
-        _core.unpack_k(b"\0" * 3, b"", heads=1, tokens=32, head_dim=64, bits=2, k_group=32)
+        _core.unpack(b"\0" * 3, b"", shape=(1, 32, 64), bits=2, part="k", group=32)
 
 
 @settings(max_examples=200, deadline=None)
@@ -245,9 +249,8 @@ def test_bytes_per_token_equals_config(
 ) -> None:
     cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, rotation=False, token_scaling=token_scaling, norm_scope=scope)  # type: ignore[arg-type]
     assume(head_dim % v_group == 0)
-    kw = dict(kv_heads=kv_heads, head_dim=head_dim, bits=bits, k_group=k_group, v_group=v_group, scale_columns=cfg.scale_columns(kv_heads))
-    assert _core.bytes_per_token(**kw) == cfg.bytes_per_token(kv_heads, head_dim)
-    assert _core.effective_bits(**kw) == cfg.effective_bits(kv_heads, head_dim)
+    kw = dict(shape=(kv_heads, head_dim), bits=bits, k_group=k_group, v_group=v_group, scale_columns=cfg.scale_columns(kv_heads))
+    assert _core.format_cost(**kw) == (cfg.bytes_per_token(kv_heads, head_dim), cfg.effective_bits(kv_heads, head_dim))
 
 
 def test_plan_memory_llama_shape() -> None:

@@ -86,10 +86,10 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
             x = stg_k[i].float()
             if stg_s is not None:
                 x = x / R._broadcast_scale(stg_s[i], h)
-            codes, params = _core.pack_k(x.contiguous().numpy().tobytes(), heads=h, tokens=p, head_dim=d, bits=cfg.bits, k_group=cfg.k_group)
+            codes, params = _core.pack(x.contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="k", group=cfg.k_group)
             assert bytes(codes) == got["k_codes"][page].numpy().tobytes(), "key codes differ from the Rust packer"
             assert bytes(params) == got["k_params"][page].numpy().tobytes(), "key params differ from the Rust packer"
-            codes, params = _core.pack_v(stg_v[i].float().contiguous().numpy().tobytes(), heads=h, tokens=p, head_dim=d, bits=cfg.bits, v_group=cfg.v_group)
+            codes, params = _core.pack(stg_v[i].float().contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="v", group=cfg.v_group)
             assert bytes(codes) == got["v_codes"][page].numpy().tobytes(), "value codes differ from the Rust packer"
             assert bytes(params) == got["v_params"][page].numpy().tobytes(), "value params differ from the Rust packer"
 

@@ -63,11 +63,8 @@ class EventError(OscarCoreError, ValueError):
         return self.details.get("at")
 
 
-class StagingExhausted(OscarCoreError, MemoryError):
-    """No free BF16 staging page for a page that opens: the staging pool is smaller than the number
-    of pages open at once. Events before ``event`` were applied."""
-
-    kind = "staging_exhausted"
+class _AtPage(OscarCoreError):
+    """An error about one page, raised while applying one event of a batch."""
 
     @property
     def page(self) -> int | None:
@@ -75,10 +72,18 @@ class StagingExhausted(OscarCoreError, MemoryError):
 
     @property
     def event(self) -> int | None:
+        """Index of the event in its batch."""
         return self.details.get("event")
 
 
-class InvariantViolation(OscarCoreError, RuntimeError):
+class StagingExhausted(_AtPage, MemoryError):
+    """No free BF16 staging page for a page that opens: the staging pool is smaller than the number
+    of pages open at once. Events before ``event`` were applied."""
+
+    kind = "staging_exhausted"
+
+
+class InvariantViolation(_AtPage, RuntimeError):
     """A page-runtime invariant does not hold (a page sealed twice or written after sealing, a
     locked page released, a staging slot leaked, ...): a bug, never an expected condition."""
 
@@ -88,14 +93,6 @@ class InvariantViolation(OscarCoreError, RuntimeError):
     def violation(self) -> str | None:
         """Which invariant: ``"write_sealed"``, ``"release_locked"``, ``"double_free"``, ..."""
         return self.details.get("violation")
-
-    @property
-    def page(self) -> int | None:
-        return self.details.get("page")
-
-    @property
-    def event(self) -> int | None:
-        return self.details.get("event")
 
 
 _BY_KIND: dict[str, type[OscarCoreError]] = {

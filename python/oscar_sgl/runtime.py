@@ -238,6 +238,11 @@ def scratch_slots_needed(*, max_prefill_tokens: int, page_size: int) -> int:
     return -(-max_prefill_tokens // page_size) + 1
 
 
+def _groups(config: OscarConfig, kv_heads: int) -> dict[str, int]:
+    """The format arguments every Rust entry point takes besides the bit width."""
+    return {"k_group": config.k_group, "v_group": config.v_group, "scale_columns": config.scale_columns(kv_heads)}
+
+
 class OscarRuntime:
     """Page table + staging pool + seal planning for one KV pool (one TP rank).
 
@@ -275,31 +280,11 @@ class OscarRuntime:
             kv_heads=kv_heads,
             head_dim=head_dim,
             bits=config.bits,
-            k_group=config.k_group,
-            v_group=config.v_group,
-            scale_columns=config.scale_columns(kv_heads),
             scratch_slots=scratch_slots,
+            **_groups(config, kv_heads),
         )
-
-    @property
-    def num_pages(self) -> int:
-        return self._rt.num_pages
-
-    @property
-    def page_size(self) -> int:
-        return self._rt.page_size
-
-    @property
-    def staging_slots(self) -> int:
-        return self._rt.staging_slots
-
-    @property
-    def scratch_slots(self) -> int:
-        return self._rt.scratch_slots
-
-    @property
-    def layout_version(self) -> int:
-        return self._rt.layout_version
+        #: Fixed at construction (read back from the core, which validated them).
+        self.num_pages, self.page_size, self.staging_slots, self.scratch_slots, self.layout_version = self._rt.sizes()
 
     def step(self, batch: EventBatch) -> StepResult:
         """Apply one step's events (raises ``EventError``, ``StagingExhausted``, ``InvariantViolation``)."""
@@ -367,52 +352,45 @@ def _f32(values: npt.ArrayLike) -> tuple[bytes, tuple[int, int, int]]:
 def pack_k(values: npt.ArrayLike, *, bits: int, k_group: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16]]:
     """Golden key packer: ``[H, n, D]`` fp32 (already divided by s) -> codes ``[H, n, D*b/8]`` uint8,
     params ``[H, n/k_group, 2, D]`` fp16 (docs/LAYOUT.md)."""
-    raw, (h, n, d) = _f32(values)
-    codes, params = _core.pack_k(raw, heads=h, tokens=n, head_dim=d, bits=bits, k_group=k_group)
-    return (
-        np.frombuffer(codes, dtype=np.uint8).reshape(h, n, d * bits // 8),
-        np.frombuffer(params, dtype="<f2").reshape(h, n // k_group, 2, d),
-    )
+    codes, params, (h, n, d) = _pack("k", values, bits, k_group)
+    return codes, params.reshape(h, n // k_group, 2, d)
 
 
 def pack_v(values: npt.ArrayLike, *, bits: int, v_group: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16]]:
     """Golden value packer: ``[H, n, D]`` fp32 -> codes ``[H, n, D*b/8]``, params ``[H, n, 2, D/v_group]``."""
+    codes, params, (h, n, d) = _pack("v", values, bits, v_group)
+    return codes, params.reshape(h, n, 2, d // v_group)
+
+
+def _pack(part: str, values: npt.ArrayLike, bits: int, group: int
+          ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16], tuple[int, int, int]]:
     raw, (h, n, d) = _f32(values)
-    codes, params = _core.pack_v(raw, heads=h, tokens=n, head_dim=d, bits=bits, v_group=v_group)
-    return (
-        np.frombuffer(codes, dtype=np.uint8).reshape(h, n, d * bits // 8),
-        np.frombuffer(params, dtype="<f2").reshape(h, n, 2, d // v_group),
-    )
+    codes, params = _core.pack(raw, part=part, shape=(h, n, d), bits=bits, group=group)
+    return np.frombuffer(codes, dtype=np.uint8).reshape(h, n, d * bits // 8), np.frombuffer(params, dtype="<f2"), (h, n, d)
+
+
+def _unpack(part: str, codes: npt.ArrayLike, params: npt.ArrayLike, bits: int, group: int) -> npt.NDArray[np.float32]:
+    c = np.ascontiguousarray(codes, dtype=np.uint8)
+    h, n, row = c.shape
+    d = row * 8 // bits
+    out = _core.unpack(c.tobytes(), np.ascontiguousarray(params, dtype="<f2").tobytes(), part=part, shape=(h, n, d),
+                       bits=bits, group=group)
+    return np.frombuffer(out, dtype="<f4").reshape(h, n, d)
 
 
 def unpack_k(codes: npt.ArrayLike, params: npt.ArrayLike, *, bits: int, k_group: int) -> npt.NDArray[np.float32]:
     """Dequantized keys ``[H, n, D]`` fp32 from codes ``[H, n, D*b/8]`` and params."""
-    c = np.ascontiguousarray(codes, dtype=np.uint8)
-    h, n, row = c.shape
-    d = row * 8 // bits
-    out = _core.unpack_k(c.tobytes(), np.ascontiguousarray(params, dtype="<f2").tobytes(), heads=h, tokens=n, head_dim=d, bits=bits, k_group=k_group)
-    return np.frombuffer(out, dtype="<f4").reshape(h, n, d)
+    return _unpack("k", codes, params, bits, k_group)
 
 
 def unpack_v(codes: npt.ArrayLike, params: npt.ArrayLike, *, bits: int, v_group: int) -> npt.NDArray[np.float32]:
     """Dequantized values ``[H, n, D]`` fp32."""
-    c = np.ascontiguousarray(codes, dtype=np.uint8)
-    h, n, row = c.shape
-    d = row * 8 // bits
-    out = _core.unpack_v(c.tobytes(), np.ascontiguousarray(params, dtype="<f2").tobytes(), heads=h, tokens=n, head_dim=d, bits=bits, v_group=v_group)
-    return np.frombuffer(out, dtype="<f4").reshape(h, n, d)
+    return _unpack("v", codes, params, bits, v_group)
 
 
 def bytes_per_token(config: OscarConfig, kv_heads: int, head_dim: int) -> float:
     """Packed bytes per token per layer, computed by the Rust core (equals ``config.bytes_per_token``)."""
-    return _core.bytes_per_token(
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        bits=config.bits,
-        k_group=config.k_group,
-        v_group=config.v_group,
-        scale_columns=config.scale_columns(kv_heads),
-    )
+    return _core.format_cost(shape=(kv_heads, head_dim), bits=config.bits, **_groups(config, kv_heads))[0]
 
 
 KvDtype = Literal["bf16", "fp8", "int4", "int2"]
@@ -458,8 +436,6 @@ def plan_memory(
         page_size=page_size,
         staging_pages=staging_pages,
         budget_bytes=budget_bytes,
-        k_group=config.k_group,
-        v_group=config.v_group,
-        scale_columns=config.scale_columns(kv_heads),
+        **_groups(config, kv_heads),
     )
     return [MemoryPlanRow(*row) for row in rows]  # type: ignore[arg-type]

@@ -648,6 +648,24 @@ impl Sim {
     }
 }
 
+/// Run `actions` through `sim`, checking the runtime against the model at every settle and flush,
+/// then drain it. A flush the model refuses (the trace ran out of pages) ends the trace early.
+fn run_trace(mut sim: Sim, actions: &[Action]) -> Result<(), TestCaseError> {
+    for a in actions {
+        sim.run(a);
+        if matches!(a, Action::Settle) {
+            sim.settle()?;
+        }
+        if matches!(a, Action::Flush) && !sim.flush()? {
+            return Ok(());
+        }
+    }
+    if sim.flush()? {
+        sim.drain()?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
@@ -655,38 +673,14 @@ proptest! {
     #[test]
     fn traces_match_the_reference_model(pages in 12usize..48, scratch in 0usize..4, actions in prop::collection::vec(action(), 1..80)) {
         // Twice the pages: a batch can seal pages, free them and open new ones before the seals run.
-        let mut sim = Sim::new(pages, 2 * pages, scratch);
-        for a in &actions {
-            sim.run(a);
-            if matches!(a, Action::Settle) {
-                sim.settle()?;
-            }
-            if matches!(a, Action::Flush) && !sim.flush()? {
-                return Ok(());
-            }
-        }
-        if sim.flush()? {
-            sim.drain()?;
-        }
+        run_trace(Sim::new(pages, 2 * pages, scratch), &actions)?;
     }
 
     /// Scarce staging: exhaustion is reported exactly when the model says the pool is out, as a typed
     /// error, and the runtime stays internally consistent.
     #[test]
     fn staging_exhaustion_is_exact(pages in 12usize..48, cap in 1usize..6, scratch in 0usize..4, actions in prop::collection::vec(action(), 1..80)) {
-        let mut sim = Sim::new(pages, cap, scratch);
-        for a in &actions {
-            sim.run(a);
-            if matches!(a, Action::Settle) {
-                sim.settle()?;
-            }
-            if matches!(a, Action::Flush) && !sim.flush()? {
-                return Ok(());
-            }
-        }
-        if sim.flush()? {
-            sim.drain()?;
-        }
+        run_trace(Sim::new(pages, cap, scratch), &actions)?;
     }
 
     /// One corrupt event appended to a valid trace is caught with the right violation.
@@ -751,18 +745,11 @@ fn generator_covers_the_cases() {
             sim.drain().unwrap();
         }
         let s = sim.seen;
-        total.seals += s.seals;
-        total.cancelled_seals += s.cancelled_seals;
-        total.shares += s.shares;
-        total.duplicates += s.duplicates;
-        total.evictions += s.evictions;
-        total.locks += s.locks;
-        total.chunked += s.chunked;
-        total.decodes += s.decodes;
-        total.retractions += s.retractions;
-        total.direct_seals += s.direct_seals;
-        total.exhausted += s.exhausted;
-        total.settles += s.settles;
+        macro_rules! add {
+            ($($field:ident),*) => { $(total.$field += s.$field;)* };
+        }
+        add!(seals, cancelled_seals, shares, duplicates, evictions, locks, chunked, decodes, retractions, direct_seals,
+             exhausted, settles);
     }
     eprintln!("{total:?}");
     let c = total;

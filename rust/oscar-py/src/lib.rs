@@ -94,111 +94,75 @@ fn quant(bits: u32, k_group: u32, v_group: u32, scale_columns: u32) -> QuantForm
     QuantFormat { bits, k_group, v_group, scale_columns }
 }
 
-/// Quantize and pack keys `[H, n, D]` (float32, already divided by the token scale).
-/// Returns `(codes [H, n, D*b/8] uint8, params [H, n/k_group, 2, D] float16)` as bytes.
+/// The key (`part="k"`) or value (`part="v"`) variant of a packer function.
+fn by_part<T>(py: Python<'_>, part: &str, k: T, v: T) -> PyResult<T> {
+    match part {
+        "k" => Ok(k),
+        "v" => Ok(v),
+        _ => Err(to_py_err(py, Error::Layout(format!("part must be 'k' or 'v', got {part:?}")))),
+    }
+}
+
+/// Quantize and pack keys (`part="k"`, float32 `[H, n, D]` already divided by the token scale,
+/// `group` = k_group) or values (`part="v"`, `group` = v_group); `shape` is `(H, n, D)`. Returns
+/// `(codes [H, n, D*b/8] uint8, params)` as bytes: key params `[H, n/k_group, 2, D]`, value params
+/// `[H, n, 2, D/v_group]` float16.
 #[pyfunction]
-#[pyo3(signature = (values, *, heads, tokens, head_dim, bits, k_group))]
-fn pack_k<'py>(
+#[pyo3(name = "pack", signature = (values, *, part, shape, bits, group))]
+fn pack_block<'py>(
     py: Python<'py>,
     values: &[u8],
-    heads: usize,
-    tokens: usize,
-    head_dim: usize,
+    part: &str,
+    shape: (usize, usize, usize),
     bits: u32,
-    k_group: usize,
+    group: usize,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let f = by_part::<PackFn>(py, part, pack::pack_k, pack::pack_v)?;
     let x = f32s(py, values)?;
-    let shape = BlockShape::new(heads, tokens, head_dim);
-    let p = py.detach(|| pack::pack_k(&x, shape, bits, k_group)).map_err(|e| to_py_err(py, e))?;
+    let shape = BlockShape::new(shape.0, shape.1, shape.2);
+    let p = py.detach(|| f(&x, shape, bits, group)).map_err(|e| to_py_err(py, e))?;
     Ok((PyBytes::new(py, &p.codes), f16_bytes(py, &p.params)))
 }
 
-/// Quantize and pack values `[H, n, D]` (float32). Returns `(codes, params [H, n, 2, D/v_group])`.
+/// Dequantize packed keys (`part="k"`, `group` = k_group) or values (`part="v"`, `group` =
+/// v_group) of `shape` `(H, n, D)` to float32 `[H, n, D]` bytes.
 #[pyfunction]
-#[pyo3(signature = (values, *, heads, tokens, head_dim, bits, v_group))]
-fn pack_v<'py>(
-    py: Python<'py>,
-    values: &[u8],
-    heads: usize,
-    tokens: usize,
-    head_dim: usize,
-    bits: u32,
-    v_group: usize,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let x = f32s(py, values)?;
-    let shape = BlockShape::new(heads, tokens, head_dim);
-    let p = py.detach(|| pack::pack_v(&x, shape, bits, v_group)).map_err(|e| to_py_err(py, e))?;
-    Ok((PyBytes::new(py, &p.codes), f16_bytes(py, &p.params)))
-}
-
-/// Dequantize packed keys to float32 `[H, n, D]` bytes.
-#[pyfunction]
-#[pyo3(signature = (codes, params, *, heads, tokens, head_dim, bits, k_group))]
-#[allow(clippy::too_many_arguments)]
-fn unpack_k<'py>(
+#[pyo3(name = "unpack", signature = (codes, params, *, part, shape, bits, group))]
+fn unpack_block<'py>(
     py: Python<'py>,
     codes: &[u8],
     params: &[u8],
-    heads: usize,
-    tokens: usize,
-    head_dim: usize,
+    part: &str,
+    shape: (usize, usize, usize),
     bits: u32,
-    k_group: usize,
+    group: usize,
 ) -> PyResult<Bound<'py, PyBytes>> {
+    let f = by_part::<UnpackFn>(py, part, pack::unpack_k, pack::unpack_v)?;
     let prm = f16s(py, params)?;
-    let shape = BlockShape::new(heads, tokens, head_dim);
-    let y = py.detach(|| pack::unpack_k(codes, &prm, shape, bits, k_group)).map_err(|e| to_py_err(py, e))?;
+    let shape = BlockShape::new(shape.0, shape.1, shape.2);
+    let y = py.detach(|| f(codes, &prm, shape, bits, group)).map_err(|e| to_py_err(py, e))?;
     Ok(f32_bytes(py, &y))
 }
 
-/// Dequantize packed values to float32 `[H, n, D]` bytes.
-#[pyfunction]
-#[pyo3(signature = (codes, params, *, heads, tokens, head_dim, bits, v_group))]
-#[allow(clippy::too_many_arguments)]
-fn unpack_v<'py>(
-    py: Python<'py>,
-    codes: &[u8],
-    params: &[u8],
-    heads: usize,
-    tokens: usize,
-    head_dim: usize,
-    bits: u32,
-    v_group: usize,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let prm = f16s(py, params)?;
-    let shape = BlockShape::new(heads, tokens, head_dim);
-    let y = py.detach(|| pack::unpack_v(codes, &prm, shape, bits, v_group)).map_err(|e| to_py_err(py, e))?;
-    Ok(f32_bytes(py, &y))
-}
+type PackFn = fn(&[f32], BlockShape, u32, usize) -> oscar_core::Result<pack::Packed>;
+type UnpackFn = fn(&[u8], &[half::f16], BlockShape, u32, usize) -> oscar_core::Result<Vec<f32>>;
 
-/// Packed bytes per token per layer (docs/LAYOUT.md §4).
+/// `(packed bytes per token per layer, stored bits per K/V element)` (docs/LAYOUT.md §4);
+/// `shape` is `(kv_heads, head_dim)`.
 #[pyfunction]
-#[pyo3(signature = (*, kv_heads, head_dim, bits, k_group, v_group, scale_columns))]
-fn bytes_per_token(
+#[pyo3(signature = (*, shape, bits, k_group, v_group, scale_columns))]
+fn format_cost(
     py: Python<'_>,
-    kv_heads: u32,
-    head_dim: u32,
+    shape: (u32, u32),
     bits: u32,
     k_group: u32,
     v_group: u32,
     scale_columns: u32,
-) -> PyResult<f64> {
-    quant(bits, k_group, v_group, scale_columns).bytes_per_token(kv_heads, head_dim).map_err(|e| to_py_err(py, e))
-}
-
-/// Stored bits per K/V element.
-#[pyfunction]
-#[pyo3(signature = (*, kv_heads, head_dim, bits, k_group, v_group, scale_columns))]
-fn effective_bits(
-    py: Python<'_>,
-    kv_heads: u32,
-    head_dim: u32,
-    bits: u32,
-    k_group: u32,
-    v_group: u32,
-    scale_columns: u32,
-) -> PyResult<f64> {
-    quant(bits, k_group, v_group, scale_columns).effective_bits(kv_heads, head_dim).map_err(|e| to_py_err(py, e))
+) -> PyResult<(f64, f64)> {
+    let q = quant(bits, k_group, v_group, scale_columns);
+    let bytes = q.bytes_per_token(shape.0, shape.1).map_err(|e| to_py_err(py, e))?;
+    let bits = q.effective_bits(shape.0, shape.1).map_err(|e| to_py_err(py, e))?;
+    Ok((bytes, bits))
 }
 
 /// `(name, bytes_per_token, bytes_per_page, staging_bytes, pages, tokens)`.
@@ -373,29 +337,10 @@ impl Runtime {
         Ok(d)
     }
 
-    #[getter]
-    fn num_pages(&self) -> u32 {
-        self.inner.config().num_pages
-    }
-
-    #[getter]
-    fn page_size(&self) -> u32 {
-        self.inner.config().page_size
-    }
-
-    #[getter]
-    fn staging_slots(&self) -> u32 {
-        self.inner.config().staging_slots
-    }
-
-    #[getter]
-    fn scratch_slots(&self) -> u32 {
-        self.inner.config().scratch_slots
-    }
-
-    #[getter]
-    fn layout_version(&self) -> u32 {
-        self.inner.format().layout_version
+    /// `(num_pages, page_size, staging_slots, scratch_slots, layout_version)`: fixed at construction.
+    fn sizes(&self) -> (u32, u32, u32, u32, u32) {
+        let c = self.inner.config();
+        (c.num_pages, c.page_size, c.staging_slots, c.scratch_slots, self.inner.format().layout_version)
     }
 }
 
@@ -414,12 +359,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ] {
         m.add(name, op)?;
     }
-    m.add_function(wrap_pyfunction!(pack_k, m)?)?;
-    m.add_function(wrap_pyfunction!(pack_v, m)?)?;
-    m.add_function(wrap_pyfunction!(unpack_k, m)?)?;
-    m.add_function(wrap_pyfunction!(unpack_v, m)?)?;
-    m.add_function(wrap_pyfunction!(bytes_per_token, m)?)?;
-    m.add_function(wrap_pyfunction!(effective_bits, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_block, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_block, m)?)?;
+    m.add_function(wrap_pyfunction!(format_cost, m)?)?;
     m.add_function(wrap_pyfunction!(plan_memory, m)?)?;
     m.add_class::<Runtime>()?;
     Ok(())
