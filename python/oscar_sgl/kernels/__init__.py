@@ -8,9 +8,9 @@
   ``pick_num_splits`` turns programs per SM into a split count.
 - ``oscar_extend_attention``: new tokens over a sealed prefix plus themselves, causal.
 
-The launchers take what a caller must give; how a launch runs (tiles, warps, splits) is each
-attention module's private ``_default_tuning`` table (decode, extend). The shapes the kernels support are
-``oscar_sgl.supported.check_kernel_shape``. Importing this package needs ``triton``;
+The launchers take what a caller must give; how a launch runs (tiles, warps, splits) is the
+private ``_default_tuning`` table of ``decode`` and of ``extend``. The shapes the kernels support
+are ``oscar_sgl.supported.check_kernel_shape``. Importing this package needs ``triton``;
 ``import oscar_sgl`` does not.
 """
 
