@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,8 +10,9 @@ import torch
 from support.kernel_data import ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, reference_decode, rel_rms
 
 from oscar_sgl import reference as R
-from oscar_sgl.config import OscarConfig
-from oscar_sgl.kernels import decode_workspace, oscar_decode_attention, oscar_write_kv
+from oscar_sgl.config import OscarConfig, OscarConfigError
+from oscar_sgl.kernels import decode as kdecode
+from oscar_sgl.kernels import decode_num_splits, decode_workspace, oscar_decode_attention, oscar_write_kv
 
 # bits x head_dim x GQA ratio, page sizes cycling through 32 / 64 / 128
 _GRID = [(b, d, g) for b in (2, 4) for d in (64, 128, 256) for g in (1, 3, 4, 8)]
@@ -23,10 +25,17 @@ def _lens(p: int) -> list[int]:
     return [1, p - 1, p, p, p + 1, 2 * p + 3]
 
 
-def _decode(pool, q, *, out=None, **kw):
+def _decode(pool, q, *, out=None, tune=None, **kw):
+    """One decode launch over ``pool``; ``tune``: fields of the launcher's default ``_DecodeTuning``
+    to override (``num_splits``, ``block_n``, ``transposed``, ...)."""
+    tuning = None
+    if tune:
+        b, hq, d = q.shape
+        h, p = pool.staging_k.shape[1], pool.staging_k.shape[2]
+        tuning = dataclasses.replace(kdecode._default_tuning(b, h, d, p), **tune)
     return oscar_decode_attention(
         q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
-        seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(q.shape[-1]), out=out, **kw,
+        seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(q.shape[-1]), out=out, _tuning=tuning, **kw,
     )  # fmt: skip
 
 
@@ -37,7 +46,7 @@ def test_decode_matches_reference(bits, d, group, p, nan_empty):
     pool = build_pool(cfg, h=h, d=d, p=p, lens=_lens(p), last_sealed={3}, seed=bits * 100 + d + group)
     q = torch.randn(len(_lens(p)), h * group, d).bfloat16().to(DEVICE)
     out = torch.full(q.shape, float("nan"), device=DEVICE)
-    _decode(pool, q, out=out, num_splits=2)
+    _decode(pool, q, out=out, tune=dict(num_splits=2))
     err = rel_rms(out, reference_decode(pool, q, 1.0 / math.sqrt(d)))
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
@@ -56,7 +65,7 @@ def test_decode_split_count_does_not_change_the_result(nan_empty):
     cfg = OscarConfig(bits=4, page_size=32)
     pool = build_pool(cfg, h=1, d=64, p=32, lens=[5 * 32 + 7, 3, 64], last_sealed={2}, seed=2)
     q = torch.randn(3, 4, 64).bfloat16().to(DEVICE)
-    outs = [_decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=n) for n in (1, 3, 8)]
+    outs = [_decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=n)) for n in (1, 3, 8)]
     # probabilities are rounded to fp16 against each split's running max, so different splits
     # round differently: agreement at the fp16 level, far below the reference bound
     for o in outs[1:]:
@@ -69,7 +78,7 @@ def test_decode_constant_and_zero_groups(bits, nan_empty):
     cfg = OscarConfig(bits=bits, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[70, 64, 40], kinds={0: "zero", 1: "constant", 2: "mixed"}, last_sealed={1}, seed=3)
     q = torch.randn(3, 4, 64).bfloat16().to(DEVICE)
-    out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=2)
+    out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=2))
     ref = reference_decode(pool, q, 1.0 / 8)
     assert torch.isfinite(ref).all()
     err = rel_rms(out, ref)
@@ -81,7 +90,7 @@ def test_decode_ablations(method, scope, nan_empty):
     cfg = OscarConfig.for_method(method, bits=2, page_size=32, norm_scope=scope)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[100, 31, 64], last_sealed={2}, seed=4)
     q = torch.randn(3, 6, 64).bfloat16().to(DEVICE)
-    out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=2)
+    out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=2))
     err = rel_rms(out, reference_decode(pool, q, 1.0 / 8))
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
@@ -92,16 +101,16 @@ def test_decode_group_sizes_and_tiles(bits, k_group, v_group, p, block_n, nan_em
     cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=p)
     pool = build_pool(cfg, h=1, d=64, p=p, lens=[3 * p + 5, p], last_sealed={1}, seed=20 + k_group + v_group)
     q = torch.randn(2, 4, 64).bfloat16().to(DEVICE)
-    out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=2, block_n=block_n)
+    out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=2, block_n=block_n))
     err = rel_rms(out, reference_decode(pool, q, 1.0 / 8))
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
-@pytest.mark.parametrize("bits,d,group,transposed,prefetch", [(2, 64, 4, True, False), (4, 64, 1, True, True), (2, 128, 8, False, True),
-                                                           (4, 64, 3, True, True), (2, 64, 16, True, True)])
-def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefetch, nan_empty):
-    """Tokens as the M side of the products (query heads padded to 8 columns) and the register
-    double-buffered loop: the reference, and the plain path up to fp16 rounding, for one split
+@pytest.mark.parametrize("bits,d,group", [(2, 64, 4), (4, 64, 1), (2, 128, 8), (4, 64, 3), (2, 64, 16)])
+def test_decode_transposed_and_plain_forms(bits, d, group, nan_empty):
+    """The transposed form (tokens as the M side of the products, query heads padded to 8 columns,
+    register double-buffered loop: the default up to head_dim 128) and the plain form (query heads
+    as rows, the default above): the reference, and each other up to fp16 rounding, for one split
     (long loops: the prefetch of a tile's next page, the masked prefetch past the end) and several
     (empty splits)."""
     p = 32
@@ -110,9 +119,8 @@ def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefet
     q = torch.randn(4, 2 * group, d).bfloat16().to(DEVICE)
     ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
     for splits in (1, 3):
-        plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=16, transposed=False, prefetch=False)
-        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=16, transposed=transposed,
-                      prefetch=prefetch)  # fmt: skip
+        plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=splits, block_n=16, transposed=False))
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=splits, block_n=16, transposed=True))
         assert rel_rms(out, ref) < ATTN_BOUND_FP32_OUT
         assert rel_rms(out, plain) < 1e-3
 
@@ -121,15 +129,15 @@ def test_decode_transposed_and_prefetch_paths(bits, d, group, transposed, prefet
 def test_decode_rising_logits_rescale_the_running_sums(bits, group, block_n, nan_empty):
     """Logits that keep growing along the sequence and then jump by more than fp16 can hold
     unrescaled (2^36): the running max moves tile after tile and every split's acc / l are rescaled
-    on the way; the transposed, prefetching path gives the reference and the plain path."""
+    on the way; the transposed form gives the reference and the plain form."""
     p = 32
     cfg = OscarConfig(bits=bits, page_size=p)
     pool = build_pool(cfg, h=1, d=64, p=p, lens=[9 * p + 5, 4 * p], kinds={0: "rising", 1: "rising"}, last_sealed={1}, seed=40 + bits)
     q = torch.randn(2, group, 64, generator=torch.Generator().manual_seed(bits)).bfloat16().to(DEVICE)
     ref = reference_decode(pool, q, 1.0 / 8)
     for splits in (1, 2):
-        plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=block_n, transposed=False, prefetch=False)
-        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=splits, block_n=block_n, transposed=True, prefetch=True)
+        plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=splits, block_n=block_n, transposed=False))
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=splits, block_n=block_n, transposed=True))
         assert rel_rms(out, ref) < ATTN_BOUND_FP32_OUT
         assert rel_rms(out, plain) < 1e-3
 
@@ -152,7 +160,7 @@ def test_decode_after_write_with_fused_query_rotation(nan_empty):
         k=k_new.to(DEVICE), v=v_new.to(DEVICE), loc=loc, page_to_staging=pool.page_to_staging,
         staging_k=pool.staging_k, staging_v=pool.staging_v, staging_scale=pool.staging_scale, q=q.to(DEVICE),
     )  # fmt: skip
-    out = _decode(pool, q.to(DEVICE), out=torch.empty(q.shape, device=DEVICE), q_rot=q_rot, num_splits=2)
+    out = _decode(pool, q.to(DEVICE), out=torch.empty(q.shape, device=DEVICE), q_rot=q_rot, tune=dict(num_splits=2))
     for b in range(2):
         # the reference takes its tail in the model basis: the staged BF16 values, rotated back
         k_staged = R.hadamard(k_new[b].float()).bfloat16().float()  # [H, D]
@@ -183,13 +191,13 @@ def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
         loc = torch.tensor([last[0] * p + 39 % p, last[1] * p + 95 % p, 0 * p + 5], device=DEVICE)
         out = torch.full(q.shape, float("nan"), device=DEVICE)
         if fused:
-            _decode(pool, q, out=out, new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale, num_splits=2,
-                    fused_merge=True)
+            _decode(pool, q, out=out, new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale,
+                    tune=dict(num_splits=2, fused_merge=True))
         else:
             q_rot = oscar_write_kv(k=k_new, v=v_new, loc=loc, page_to_staging=pool.page_to_staging,
                                    staging_k=pool.staging_k, staging_v=pool.staging_v,
                                    staging_scale=pool.staging_scale, q=q, rotation=cfg.rotation)
-            _decode(pool, q, out=out, q_rot=q_rot, num_splits=2, fused_merge=False)
+            _decode(pool, q, out=out, q_rot=q_rot, tune=dict(num_splits=2, fused_merge=False))
         outs.append(out)
     a, b = pools
     assert torch.equal(a.staging_k.view(torch.int16), b.staging_k.view(torch.int16))
@@ -206,10 +214,10 @@ def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(na
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[7 * 32 + 5, 1, 64], last_sealed={2}, seed=11)
     q = torch.randn(3, 6, 64).bfloat16().to(DEVICE)
     ws = decode_workspace(3, 6, 2, 64, 5, DEVICE)
-    ref = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=5, fused_merge=False)
+    ref = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=5, fused_merge=False))
     for _ in range(2):
-        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), num_splits=5, workspace=ws,
-                      fused_merge=True)
+        # the workspace sets the split count (5)
+        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), workspace=ws, tune=dict(fused_merge=True))
         assert int(ws[2].abs().sum()) == 0
         assert rel_rms(out, ref) < 1e-6
 
@@ -221,31 +229,60 @@ def test_decode_cuda_graph_shape_does_not_depend_on_lengths(nan_empty):
         pool = build_pool(cfg, h=1, d=64, p=32, lens=lens, seed=seed)
         q = torch.randn(2, 2, 64).bfloat16().to(DEVICE)
         ws = decode_workspace(2, 2, 1, 64, 3, DEVICE)
-        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), num_splits=3, workspace=ws)
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), workspace=ws)
         assert rel_rms(out, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
+
+
+def test_decode_num_splits_sizes_the_default_workspace(nan_empty):
+    """``decode_num_splits`` is the split count of a launch without a workspace: a workspace sized
+    with it (what a CUDA-graph caller keeps) gives the same bytes out."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    b, h, g, d, p = 4, 2, 2, 64, 32
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[3 * p + 7, 40, 1, 2 * p], last_sealed={3}, seed=14)
+    q = torch.randn(b, h * g, d).bfloat16().to(DEVICE)
+    ws = decode_workspace(b, h * g, h, d, decode_num_splits(b, h, d, p), DEVICE)
+    eager = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE))
+    kept = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), workspace=ws)
+    assert torch.equal(eager, kept)
+    assert rel_rms(eager, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
+
+
+def test_decode_refuses_unsupported_shapes():
+    """The configuration rules come from ``oscar_sgl.supported`` (one message wherever they fail);
+    a tile of a tuning override that does not fit the page is a ValueError of its own."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    pool = build_pool(cfg, h=1, d=64, p=32, lens=[40], seed=15)
+    q = torch.randn(1, 2, 64).bfloat16().to(DEVICE)
+    kw = dict(kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices, seq_lens=pool.seq_lens, sm_scale=0.125)
+    with pytest.raises(OscarConfigError, match="^--oscar-v-group must be a multiple of 16 at 2 bits on the OScaR kernels, got 8$"):
+        oscar_decode_attention(q=q, **{**pool.pool_kwargs(), "v_group": 8}, **kw)
+    with pytest.raises(OscarConfigError, match="--oscar-k-group must be a power of two >= 16"):
+        oscar_decode_attention(q=q, **{**pool.pool_kwargs(), "k_group": 8}, **kw)
+    with pytest.raises(ValueError, match="block_n=48"):
+        _decode(pool, q, tune=dict(block_n=48))
 
 
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize(
-    "block_n,num_warps,transposed,prefetch",
-    [(32, 4, False, False), (64, 4, False, False), (64, 2, False, False), (32, 1, False, False), (32, 1, True, False),
-     (32, 1, True, True), (32, 1, False, True), (64, 2, True, True), (16, 1, True, True), (None, None, None, None)],
+    "block_n,num_warps,transposed",
+    [(32, 4, False), (64, 4, False), (64, 2, False), (32, 1, False), (32, 1, True), (64, 2, True), (16, 1, True), (None, None, None)],
 )
-def test_decode_gpu_real_sizes(bits, block_n, num_warps, transposed, prefetch, nan_empty):
-    """Llama-3.1-8B attention shape on CUDA with the inline-PTX dequantization, every stage-1 variant."""
+def test_decode_gpu_real_sizes(bits, block_n, num_warps, transposed, nan_empty):
+    """Llama-3.1-8B attention shape on CUDA with the inline-PTX dequantization, both stage-1 forms
+    at several tiles and warps, and the default (None)."""
     p, h, g, d = 128, 8, 4, 128
     cfg = OscarConfig(bits=bits, page_size=p)
     lens = [4096 + 77, 128, 1, 8192, 129, 3 * 128]
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed={1, 5}, kinds={4: "mixed"}, device=torch.device("cuda"), seed=8)
     q = torch.randn(len(lens), h * g, d).bfloat16().cuda()
     ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
-    tune = dict(block_n=block_n, num_warps=num_warps, transposed=transposed, prefetch=prefetch)
-    out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), **tune)
+    tune = None if block_n is None else dict(block_n=block_n, num_warps=num_warps, transposed=transposed)
+    out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=tune)
     err = rel_rms(out, ref)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
-    out16 = _decode(pool, q, **tune)
+    out16 = _decode(pool, q, tune=tune)
     assert rel_rms(out16, ref) < ATTN_BOUND_BF16_OUT
 
 
@@ -274,15 +311,15 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
         n_tokens = [n + 1 + i for n in lens]
         pools[0].seq_lens = torch.tensor(n_tokens, dtype=torch.int32, device="cuda")
         eager.append(_decode(pools[0], q, out=torch.empty(q.shape, device="cuda"), new_k=k_new, new_v=v_new,
-                             new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale, num_splits=7))
+                             new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale, tune=dict(num_splits=7)))
     pool = pools[1]
     q_s, k_s, v_s = (t.clone() for t in steps[0])
     loc_s = slots(pool, [n + 1 for n in lens])
     pool.seq_lens = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device="cuda")
     out_s = torch.empty(q_s.shape, device="cuda")
     ws = decode_workspace(3, h * g, h, d, 7, "cuda")
-    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, num_splits=7, workspace=ws,
-              fused_merge=True)
+    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, workspace=ws,
+              tune=dict(fused_merge=True))
     _decode(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,12 +11,14 @@ from support.kernel_data import ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, ne
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import OscarConfig
+from oscar_sgl.kernels import extend as kextend
 from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
 
-def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, open_full=(), **tuning):
+def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, open_full=(), tune=None):
     """cases: (prefix_len, new_tokens) per request; a full last prefix page is sealed unless the
-    request is in ``open_full``."""
+    request is in ``open_full``. ``tune``: fields of the launcher's default ``_ExtendTuning`` to
+    override (``block_m``, ``num_warps``)."""
     gen = torch.Generator().manual_seed(seed)
     # the pool holds the prefix; the new tokens come from the step's own k/v
     sealed_last = {b for b, (pre, _) in enumerate(cases) if pre and pre % p == 0 and b not in open_full}
@@ -36,11 +39,12 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
             staging_k=pool.staging_k, staging_v=pool.staging_v, staging_scale=pool.staging_scale, rotation=cfg.rotation, q=q,
         )  # fmt: skip
     sm = 1.0 / math.sqrt(d)
+    tuning = dataclasses.replace(kextend._default_tuning(h * group, h, d), **tune) if tune else None
     oscar_extend_attention(
         q=q, k=k, v=v, qo_indptr=torch.tensor(qo, dtype=torch.int32, device=device), **pool.pool_kwargs(),
         kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
         prefix_lens=torch.tensor([pre for pre, _ in cases], dtype=torch.int32, device=device),
-        sm_scale=sm, q_rot=q_rot, out=out, **tuning,
+        sm_scale=sm, q_rot=q_rot, out=out, _tuning=tuning,
     )  # fmt: skip
     refs = []
     for b, (pre, _) in enumerate(cases):
@@ -86,14 +90,14 @@ def test_extend_with_fused_query_rotation():
 def test_extend_tiles_of_several_tokens_per_program():
     """Rows are (token, head) pairs of one KV head: several tokens and heads per program, GQA 8."""
     cfg = OscarConfig(bits=2, page_size=32)
-    err = _run(cfg, h=1, group=8, d=64, p=32, cases=[(64, 21), (33, 5)], seed=14, block_m=32)
+    err = _run(cfg, h=1, group=8, d=64, p=32, cases=[(64, 21), (33, 5)], seed=14, tune=dict(block_m=32))
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
 def test_extend_rejects_a_block_that_splits_a_query_group():
     cfg = OscarConfig(bits=2, page_size=32)
     with pytest.raises(ValueError, match="multiple of 8"):
-        _run(cfg, h=1, group=8, d=64, p=32, cases=[(32, 2)], seed=15, block_m=4)
+        _run(cfg, h=1, group=8, d=64, p=32, cases=[(32, 2)], seed=15, tune=dict(block_m=4))
 
 
 def test_extend_d256():
@@ -110,5 +114,5 @@ def test_extend_gpu_real_sizes(bits, block_m, num_warps):
     cfg = OscarConfig(bits=bits, page_size=128)
     cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
     err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=13,
-               block_m=block_m, num_warps=num_warps)
+               tune=None if block_m is None else dict(block_m=block_m, num_warps=num_warps))
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"

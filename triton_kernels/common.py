@@ -1,6 +1,8 @@
-"""Triton helpers shared by the OScaR kernels: the Walsh-Hadamard butterfly, the bit-exact
-quantizer of docs/LAYOUT.md section 1, the dequantization of packed codes straight into
-tensor-core operands, and the attention tiles (sealed page / open page) of decode and extend.
+"""Helpers shared by the OScaR kernels: the Walsh-Hadamard butterfly, the bit-exact quantizer of
+docs/LAYOUT.md section 1, the write path of one token (rotate, BF16 staging, s_t), the
+dequantization of packed codes straight into tensor-core operands, the attention tiles (sealed
+page / open page) of decode and extend, and the checks of the tensors the launchers are given.
+Kernel modules import shared code from here only, never from each other's private names.
 
 Every helper here runs both compiled (CUDA) and under ``TRITON_INTERPRET=1`` except the inline-PTX
 dequantization, which the launchers switch off in the interpreter (``USE_ASM=False``; the plain
@@ -14,6 +16,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from ..supported import check_kernel_shape
 
 
 def interpreting() -> bool:
@@ -31,6 +35,132 @@ def log2_exact(x: int, what: str) -> int:
     if x <= 0 or x & (x - 1):
         raise ValueError(f"{what} must be a positive power of two, got {x}")
     return x.bit_length() - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-side checks of what a launcher is given. The configuration rules (bits, groups, page size,
+# head_dim) are ``oscar_sgl.supported.check_kernel_shape``; these check the tensors against them.
+# ---------------------------------------------------------------------------------------------
+
+
+def check_int32(**tensors: torch.Tensor) -> None:
+    """TypeError naming the first of the index / map tensors that is not int32."""
+    for name, t in tensors.items():
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+
+
+def check_fp32_buffer(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """ValueError unless ``t`` (rotated queries, their scratch) is a contiguous fp32 tensor of ``shape``."""
+    if tuple(t.shape) != tuple(shape) or t.dtype != torch.float32 or not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous fp32 {list(shape)}, got {t.dtype} {tuple(t.shape)}")
+
+
+def check_sealed_tile(block_n: int, *, page_size: int, k_group: int) -> None:
+    """A sealed-page tile of ``block_n`` tokens (a tuning choice): whole MMA tiles, whole tiles per
+    page, and key groups that nest with the tile (one group spans whole tiles or the reverse)."""
+    if page_size % block_n or block_n % 16 or (block_n % k_group and k_group % block_n):
+        raise ValueError(f"block_n={block_n} must be a multiple of 16 dividing the page size {page_size} and nest with "
+                         f"k_group={k_group}")
+
+
+def check_pool(k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Tensor, v_params: torch.Tensor,
+               scale: torch.Tensor | None, *, bits: int, k_group: int, v_group: int, head_dim: int) -> tuple[int, int, int, int]:
+    """The packed pool of one layer (docs/LAYOUT.md section 3) for heads of ``head_dim`` channels:
+    a configuration the kernels support, and contiguous tensors of its shapes and dtypes.
+
+    Returns ``(num_pages, H, P, S)``, S the token-scale columns (0: no token scaling)."""
+    if k_codes.dim() != 4:
+        raise ValueError(f"k_codes must be [num_pages, H, P, D*bits/8], got {tuple(k_codes.shape)}")
+    npages, h, p, _ = k_codes.shape
+    check_kernel_shape(bits=bits, k_group=k_group, v_group=v_group, page_size=p, head_dim=head_dim)
+    nbytes = head_dim * bits // 8
+    expect = {
+        "k_codes": (k_codes, (npages, h, p, nbytes), torch.uint8),
+        "k_params": (k_params, (npages, h, p // k_group, 2, head_dim), torch.float16),
+        "v_codes": (v_codes, (npages, h, p, nbytes), torch.uint8),
+        "v_params": (v_params, (npages, h, p, 2, head_dim // v_group), torch.float16),
+    }
+    for name, (t, shape, dtype) in expect.items():
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+    s_cols = 0
+    if scale is not None:
+        s_cols = scale.shape[-1]
+        if tuple(scale.shape) != (npages, p, s_cols) or scale.dtype != torch.float32 or not scale.is_contiguous():
+            raise ValueError(f"scale must be contiguous fp32 [{npages}, {p}, S], got {scale.dtype} {tuple(scale.shape)}")
+        if s_cols not in (1, h):
+            raise ValueError(f"scale must have 1 or H={h} columns, got {s_cols}")
+    return npages, h, p, s_cols
+
+
+def check_staging(stg_k: torch.Tensor, stg_v: torch.Tensor, stg_scale: torch.Tensor | None, *, num_kv_heads: int,
+                  head_dim: int, page_size: int | None = None, scale_columns: int | None = None) -> tuple[int, int]:
+    """Staging pages: contiguous bf16 K/V ``[num_staging, H, P, D]`` and fp32 token scales
+    ``[num_staging, P, S]`` (S = 1: layer scope, S = H: head scope) or None. ``page_size`` /
+    ``scale_columns``: the pool's P and S, when the staging must match a pool.
+
+    Returns ``(P, S)``, S = 0 without token scales."""
+    if stg_k.dtype != torch.bfloat16 or stg_v.dtype != torch.bfloat16:
+        raise TypeError(f"staging K/V must be bfloat16, got {stg_k.dtype} / {stg_v.dtype}")
+    if stg_k.dim() != 4 or stg_k.shape != stg_v.shape:
+        raise ValueError(f"staging K/V must both be [num_staging, H, P, D], got {tuple(stg_k.shape)} / {tuple(stg_v.shape)}")
+    if stg_k.shape[1] != num_kv_heads or stg_k.shape[3] != head_dim:
+        raise ValueError(f"staging {tuple(stg_k.shape)} does not match H={num_kv_heads}, D={head_dim}")
+    if page_size is not None and stg_k.shape[2] != page_size:
+        raise ValueError(f"staging pages hold {stg_k.shape[2]} tokens, the pool's {page_size}")
+    if not (stg_k.is_contiguous() and stg_v.is_contiguous()):
+        raise ValueError("staging K/V must be contiguous")
+    s_cols = 0
+    if stg_scale is not None:
+        if stg_scale.dtype != torch.float32 or stg_scale.dim() != 3 or not stg_scale.is_contiguous():
+            raise ValueError(f"staging scale must be contiguous fp32 [num_staging, P, S], got {stg_scale.dtype} {tuple(stg_scale.shape)}")
+        if stg_scale.shape[:2] != stg_k.shape[:1] + stg_k.shape[2:3]:
+            raise ValueError(f"staging scale {tuple(stg_scale.shape)} does not match staging K {tuple(stg_k.shape)}")
+        s_cols = stg_scale.shape[2]
+        if s_cols not in (1, num_kv_heads):
+            raise ValueError(f"staging scale has {s_cols} columns; expected 1 (layer scope) or H={num_kv_heads} (head scope)")
+    if scale_columns is not None and s_cols != scale_columns:
+        raise ValueError(f"staging scale has {s_cols} columns, the pool's scale {scale_columns} (0: None; token scaling "
+                         "is on for both or for neither)")
+    return stg_k.shape[2], s_cols
+
+
+def check_attention_inputs(q: torch.Tensor, k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Tensor,
+                           v_params: torch.Tensor, scale: torch.Tensor | None, staging_k: torch.Tensor, staging_v: torch.Tensor,
+                           page_to_staging: torch.Tensor, *, bits: int, k_group: int, v_group: int,
+                           rows: str) -> tuple[int, int, int, int, int, int]:
+    """Queries ``[rows, Hq, D]`` (contiguous along D; Hq a multiple of the KV heads H) and the
+    layer's pool, staging pages and page map they attend over (``check_pool``, ``check_staging``).
+
+    Returns ``(rows, Hq, D, H, P, S)``."""
+    if q.dim() != 3 or q.stride(2) != 1:
+        raise ValueError(f"q must be [{rows}, Hq, D] contiguous along D, got {tuple(q.shape)}")
+    n, hq, d = q.shape
+    _, h, p, s_cols = check_pool(k_codes, k_params, v_codes, v_params, scale, bits=bits, k_group=k_group, v_group=v_group, head_dim=d)
+    if hq % h:
+        raise ValueError(f"q must be [{rows}, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
+    check_staging(staging_k, staging_v, None, num_kv_heads=h, head_dim=d, page_size=p)
+    check_int32(page_to_staging=page_to_staging)
+    return n, hq, d, h, p, s_cols
+
+
+def pool_arguments(k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Tensor, v_params: torch.Tensor,
+                   scale: torch.Tensor | None, staging_k: torch.Tensor, staging_v: torch.Tensor,
+                   page_to_staging: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The pool arguments of the attention kernels by parameter name: codes and params as the int32
+    views ``tile_raw`` reads, the token scales (any tensor when None: not read with S == 0), the
+    staging pages and the page -> staging map."""
+    return {
+        "kw_ptr": k_codes.view(torch.int32),
+        "kp_ptr": k_params.flatten(-2).view(torch.int32),
+        "vw_ptr": v_codes.view(torch.int32),
+        "vp_ptr": v_params.flatten(-2).view(torch.int32),
+        "scale_ptr": scale if scale is not None else k_params,
+        "stg_k_ptr": staging_k,
+        "stg_v_ptr": staging_v,
+        "p2s_ptr": page_to_staging,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,6 +252,78 @@ def pack_codes(q, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
     qi = tl.reshape(q.to(tl.int32), (ROWS, D // E, E))
     shifts = tl.arange(0, E) * BITS
     return tl.sum(qi << shifts[None, None, :], axis=2).to(tl.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Write path of one token: rotated K/V, BF16 into staging, s_t (oscar_write_kv and the decode
+# kernel's fused write)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def load_rotated(ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+                 ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr):
+    """Rows ``o_h`` (heads) of token ``i_t`` as fp32 ``[ROWS, D]``, Walsh-Hadamard rotated when ROTATE."""
+    x = tl.load(ptr + i_t * stride_t + o_h[:, None] * stride_h + tl.arange(0, D)[None, :], mask=m_h[:, None], other=0.0)
+    x = x.to(tl.float32)
+    if ROTATE:
+        x = fwht_rows(x, ROWS, D, LOG2D) * INV_SQRT_D
+    return x
+
+
+@triton.jit
+def store_rotated_rows(src_ptr, dst_ptr, i_t, stride_t, stride_h, o_h, m_h, HQ: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
+                       LOG2D: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr):
+    """Rows ``o_h`` (query heads) of token ``i_t`` rotated (``load_rotated``) into the contiguous
+    fp32 ``[T, HQ, D]`` at ``dst_ptr``."""
+    b_x = load_rotated(src_ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS, D, LOG2D, ROTATE, INV_SQRT_D)
+    tl.store(dst_ptr + (i_t * HQ + o_h[:, None]) * D + tl.arange(0, D)[None, :], b_x, mask=m_h[:, None])
+
+
+@triton.jit
+def store_token_scales(b_k, p_scale, o_h, m_h, S: tl.constexpr):
+    """s_t of the rotated keys ``b_k`` ``[rows, D]`` of one token: the norm over every row (S == 1)
+    or per row (S > 1, stored at ``p_scale + o_h``); a zero norm is stored as 1."""
+    if S == 1:
+        b_s = tl.sqrt_rn(tl.sum(tl.sum(b_k * b_k, axis=1), axis=0))
+        tl.store(p_scale, tl.where(b_s > 0.0, b_s, 1.0))
+    elif S > 1:
+        b_s = tl.sqrt_rn(tl.sum(b_k * b_k, axis=1))
+        tl.store(p_scale + o_h, tl.where(b_s > 0.0, b_s, 1.0), mask=m_h)
+
+
+@triton.jit
+def write_token(
+    k_ptr, v_ptr, loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, i_t, i_h,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, P: tl.constexpr,
+    S: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr,
+):
+    """The write path of KV head ``i_h`` of token ``i_t`` (the decode kernel's fused write): the
+    same values as ``oscar_write_kv``'s launch for that head. With the layer norm scope (``S == 1``) the
+    program of head 0 also computes and stores s_t (over every head's rotated key)."""
+    o_d = tl.arange(0, D)
+    loc = tl.load(loc_ptr + i_t).to(tl.int64)
+    page = loc // P
+    slot = loc % P
+    stg = tl.load(p2s_ptr + page).to(tl.int64)
+    if stg >= 0:  # padding slots (page 0, CUDA-graph batches) are never written
+        o_1 = i_h + tl.arange(0, 1)
+        m_1 = o_1 >= 0
+        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
+        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
+        o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
+        tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k))
+        tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v))
+        p_scale = stg_scale_ptr + (stg * P + slot) * S
+        if S == 1:
+            if i_h == 0:  # the layer norm needs every head's rotated key
+                o_h = tl.arange(0, BLOCK_H)
+                m_h = o_h < H
+                b_ka = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+                store_token_scales(b_ka, p_scale, o_h, m_h, S)
+        else:
+            store_token_scales(b_k, p_scale, o_1, m_1, S)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ but the last), ``BLOCK_N`` tokens per step: codes and fp16 params are read, keys
 dequantized in registers straight into tensor-core operands, logits multiplied by s_t. Split
 ``num_splits`` takes the request's last page: BF16 from staging when the page is open (the usual
 case), the packed path otherwise. Each program writes its normalized partial output and log-sum-exp.
-Two stage-1 forms, chosen by ``default_tuning``:
+Two stage-1 forms, chosen by ``_default_tuning`` (the launcher's one tuning table):
 
-- ``transposed``: the tokens are the M side of both products (``S^T = K Q^T``, ``O^T += V^T P^T``)
-  and the query heads the N side, padded to 8 (Llama's GQA group of 4 fills half of an MMA instead
-  of a quarter); otherwise the query heads are the rows, padded to 16.
-- ``prefetch``: the loads of the next tile are issued before the current tile's math (register
-  double buffering, page ids one tile further ahead); otherwise Triton's software pipeliner handles
-  the loop.
+- ``transposed`` (head_dim <= 128): the tokens are the M side of both products (``S^T = K Q^T``,
+  ``O^T += V^T P^T``) and the query heads the N side, padded to 8 (Llama's GQA group of 4 fills half
+  of an MMA instead of a quarter), and the loads of the next tile are issued before the current
+  tile's math (register double buffering, page ids one tile further ahead).
+- plain (larger head dims): the query heads are the rows, padded to 16, and Triton's software
+  pipeliner handles the loop.
 
 With few splits the merge runs inside stage 1 (the last program of a (request, head) to finish:
 log-sum-exp merge, then the inverse rotation, ``H_D`` being its own inverse). Otherwise every
@@ -31,13 +31,15 @@ request but its last is sealed when decode runs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import attend_raw, channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, tile_raw, to_bf16_rne, use_asm
-from .write import load_rotated, write_token
+from .common import (attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
+                     interpreting, log2_exact, pool_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne, use_asm,
+                     write_token)
 
 
 @triton.jit
@@ -133,7 +135,6 @@ def _decode_stage1_kernel(
     BLOCK_HK: tl.constexpr,
     CHUNK: tl.constexpr,
     TRANS: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -157,9 +158,7 @@ def _decode_stage1_kernel(
         # The query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV head
         # h (identical values, so the concurrent stores of the splits agree) and re-reads them below
         # in the order the sealed tiles want.
-        b_qr = load_rotated(q_ptr, i_b, stride_qb, stride_qh, i_h * GROUP + o_g, m_g, BLOCK_G, D, LOG2D, ROTATE, INV_SQRT_D)
-        tl.store(qrot_ptr + (i_b * (H * GROUP) + i_h * GROUP + o_g)[:, None] * D + tl.arange(0, D)[None, :], b_qr,
-                 mask=m_g[:, None])
+        store_rotated_rows(q_ptr, qrot_ptr, i_b, stride_qb, stride_qh, i_h * GROUP + o_g, m_g, HQ, BLOCK_G, D, LOG2D, ROTATE, INV_SQRT_D)
     if WRITE:
         if i_s == n_split:
             # The write path, fused into the program that reads the open page: rotate the new
@@ -188,7 +187,7 @@ def _decode_stage1_kernel(
         t_lo = i_s * per
         t_hi = tl.minimum(t_lo + per, n_tiles)
         b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
-        if PREFETCH:
+        if TRANS:
             # Register double buffering: the loads of tile it + 1 are issued before tile it is
             # computed (page ids one tile further ahead), so every tile's HBM latency overlaps the
             # previous tile's math. (Triton's pipeliner single-buffers these page-indirect loads.)
@@ -213,7 +212,7 @@ def _decode_stage1_kernel(
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
                     kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
                 )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
@@ -284,7 +283,7 @@ def _decode_stage2_kernel(
     DB: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    # The unfused merge (``fused_merge=False``), grid (B, Hq, D / DB): one program per (request,
+    # The unfused merge (``fused_merge`` off), grid (B, Hq, D / DB): one program per (request,
     # query head, DB channels), a weighted sum of partials that stage 1 already rotated back.
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
@@ -300,9 +299,18 @@ def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
     b, hq, n_part, d = part_o.shape
     db = min(d, 32)
     _decode_stage2_kernel[(b, hq, d // db)](
-        part_o, part_lse, out, n_part, out.stride(0), out.stride(1),
-        HQ=hq, D=d, DB=db, CHUNK=min(64, triton.next_power_of_2(n_part)), num_warps=2,
-    )  # fmt: skip
+        part_o_ptr=part_o,
+        part_lse_ptr=part_lse,
+        out_ptr=out,
+        n_part=n_part,
+        stride_ob=out.stride(0),
+        stride_oh=out.stride(1),
+        HQ=hq,
+        D=d,
+        DB=db,
+        CHUNK=min(64, triton.next_power_of_2(n_part)),
+        num_warps=2,
+    )
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float = 4.0, max_splits: int = 128) -> int:
@@ -319,48 +327,58 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     return max(1, min(max_splits, -(-want // max(1, batch * num_kv_heads)) - 1))
 
 
-def default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> dict:
-    """Stage-1 configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
+@dataclass(frozen=True)
+class _DecodeTuning:
+    """How one decode launch runs (never what it computes): ``_default_tuning``'s choice, or what a
+    test or benchmark passes as ``oscar_decode_attention(_tuning=...)``.
 
-    head_dim <= 128: one warp per program on 32-token tiles, tokens as the M side of both products
-    (``transposed``: a GQA group pads to 8 columns, not 16 rows) and the next tile's loads issued
-    before the current tile's math (``prefetch``); ~16 programs per SM below 512 (request, KV
-    head) pairs, ~8 above (a one-warp program holds ~240 registers: 8 fit on an SM). Larger head
-    dims keep the first version's two warps on 64-token tiles (not tuned on a GPU).
-    "Waves" = programs per SM (``pick_num_splits``)."""
-    if head_dim <= 128 and page_size % 32 == 0:
-        return {"block_n": 32, "num_warps": 1, "transposed": True, "prefetch": True,
-                "waves": 16.0 if batch * num_kv_heads < 512 else 8.0}
-    return {"block_n": min(page_size, 64), "num_warps": 2, "transposed": False, "prefetch": False, "waves": 4.0}
+    Attributes:
+        block_n: tokens per sealed tile (a multiple of 16 dividing the page, nested with k_group).
+        block_t: tokens per open-page (BF16 staging) tile.
+        num_warps, num_stages, maxnreg: Triton launch options of stage 1 (maxnreg None: no cap).
+        transposed: the tuned stage-1 form (tokens as the M side of both products, the query heads
+            padded to 8 columns, the next tile's loads issued before the current tile's math);
+            False: the query heads as rows padded to 16, the loop left to Triton's pipeliner.
+        waves: programs per SM, turned into the split count by ``pick_num_splits``.
+        num_splits: sealed-page splits per (request, KV head); None: the workspace's when one is
+            given, else from ``waves``.
+        fused_merge: merge the splits in the last stage-1 program of each (request, KV head) (one
+            launch) or in a separate launch; None: fused when that takes at most two block loads per
+            row (few splits, i.e. batches of 16+ requests at 8 KV heads); with many splits (small
+            batches) the separate, wider merge launch is faster on an H200.
+    """
+
+    block_n: int
+    block_t: int
+    num_warps: int
+    transposed: bool
+    waves: float
+    num_stages: int = 3
+    maxnreg: int | None = None
+    num_splits: int | None = None
+    fused_merge: bool | None = None
 
 
-def _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group):
-    npages, h, p, nbytes = k_codes.shape
-    d = nbytes * 8 // bits
-    expect = {
-        "k_codes": (k_codes, (npages, h, p, nbytes), torch.uint8),
-        "k_params": (k_params, (npages, h, p // k_group, 2, d), torch.float16),
-        "v_codes": (v_codes, (npages, h, p, nbytes), torch.uint8),
-        "v_params": (v_params, (npages, h, p, 2, d // v_group), torch.float16),
-    }
-    for name, (t, shape, dtype) in expect.items():
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
-    s_cols = 0
-    if scale is not None:
-        s_cols = scale.shape[-1]
-        if tuple(scale.shape) != (npages, p, s_cols) or scale.dtype != torch.float32 or not scale.is_contiguous():
-            raise ValueError(f"scale must be contiguous fp32 [{npages}, {p}, S], got {tuple(scale.shape)}")
-        if s_cols not in (1, h):
-            raise ValueError(f"scale must have 1 or H={h} columns, got {s_cols}")
-    cpw = 32 // bits
-    if (d * bits) % 32:
-        raise ValueError(f"head_dim={d} at {bits} bits is not a whole number of 32-bit words")
-    if v_group % cpw:
-        raise ValueError(f"the kernels need v_group to be a multiple of {cpw} at {bits} bits, got {v_group}")
-    if k_group < 16 or p % k_group:
-        raise ValueError(f"the kernels need k_group >= 16 dividing the page size {p}, got {k_group}")
-    return npages, h, p, d, s_cols
+def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
+    """The decode configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
+
+    head_dim <= 128: one warp per program on 32-token tiles, the transposed form; ~16 programs per
+    SM below 512 (request, KV head) pairs, ~8 above (a one-warp program holds ~240 registers: 8 fit
+    on an SM). Larger head dims keep the first version's two warps on 64-token tiles and the plain
+    form (not tuned on a GPU). The page size is a multiple of 32 (``oscar_sgl.supported``)."""
+    block_t = min(page_size, 32 if head_dim <= 128 else 16)
+    if head_dim <= 128:
+        return _DecodeTuning(block_n=32, block_t=block_t, num_warps=1, transposed=True,
+                             waves=16.0 if batch * num_kv_heads < 512 else 8.0)
+    return _DecodeTuning(block_n=min(page_size, 64), block_t=block_t, num_warps=2, transposed=False, waves=4.0)
+
+
+def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> int:
+    """The sealed-page splits ``oscar_decode_attention`` runs a launch of this size with: what to
+    size ``decode_workspace`` with when the caller keeps the workspace (CUDA graphs). Depends on the
+    batch size, never on lengths."""
+    waves = _default_tuning(batch, num_kv_heads, head_dim, page_size).waves
+    return pick_num_splits(batch, num_kv_heads, waves=waves)
 
 
 def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
@@ -401,22 +419,15 @@ def oscar_decode_attention(
     new_loc: torch.Tensor | None = None,
     staging_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    num_splits: int | None = None,
     workspace: tuple[torch.Tensor, ...] | None = None,
-    fused_merge: bool | None = None,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int = 3,
-    maxnreg: int | None = None,
-    transposed: bool | None = None,
-    prefetch: bool | None = None,
+    _tuning: _DecodeTuning | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over sealed INT2/INT4 pages plus each request's open BF16 page.
 
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
-    with ``fused_merge`` the last program of each (request, KV head) merges the splits: one launch
-    per layer and step.
+    with few splits the last program of each (request, KV head) merges them: one launch per layer
+    and step.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
@@ -428,7 +439,8 @@ def oscar_decode_attention(
         kv_indptr: ``[B + 1]`` int32, request b owns ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``.
         kv_page_indices: int32 page ids, oldest first.
         seq_lens: ``[B]`` int32 tokens per request (>= 1), the current token included.
-        bits, k_group, v_group: the layer's OscarConfig values; sm_scale: the softmax scale.
+        bits, k_group, v_group: the layer's OscarConfig values (``oscar_sgl.supported``); sm_scale:
+            the softmax scale.
         rotation: whether K/V were rotated (queries get the same rotation, the output the inverse).
         q_rot: ``[B, Hq, D]`` fp32 rotated queries when an earlier launch produced them; None: the
             rotation is fused into this launch.
@@ -437,56 +449,37 @@ def oscar_decode_attention(
             the staging page ``page_to_staging`` maps it to (skipped when that is -1: padding);
             ``staging_scale`` ``[num_staging, P, S]`` fp32 receives s_t (None: no token scaling).
         out: ``[B, Hq, D]`` destination (dtype of q when allocated here).
-        num_splits: sealed-page splits per (request, KV head); ``pick_num_splits`` when None.
-        workspace: ``decode_workspace(...)`` to reuse across calls (CUDA graphs); allocated when None.
-        fused_merge: merge the splits in the last program of each (request, KV head) (one launch);
-            False runs the separate merge launch. None: fused when it takes at most two block loads
-            per row (few splits, i.e. batches of 16+ requests at 8 KV heads); with many splits
-            (small batches) the separate, wider merge launch is faster on an H200.
-        block_n, num_warps, num_stages, maxnreg, transposed: stage-1 tuning (tokens per step, warps,
-            software pipeline depth, register cap, tokens as the M side of the products with the
-            query heads padded to 8 columns instead of 16 rows). None picks what measured fastest
-            on an H200 (``default_tuning``).
+        workspace: ``decode_workspace(..., decode_num_splits(...), ...)`` to reuse across calls (CUDA
+            graphs); its size sets the split count. Allocated when None.
+        _tuning: tests and benchmarks only: a ``_DecodeTuning`` instead of ``_default_tuning``'s.
     Returns:
         ``out``, the attention output in the model's basis.
     """
-    npages, h, p, d, s_cols = _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group)
-    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h or q.stride(2) != 1:
-        raise ValueError(f"q must be [B, Hq, D={d}] (contiguous along D) with Hq a multiple of H={h}, got {tuple(q.shape)}")
-    if staging_k.shape[1:] != (h, p, d) or staging_k.dtype != torch.bfloat16 or not staging_k.is_contiguous():
-        raise ValueError(f"staging_k must be contiguous bf16 [num_staging, {h}, {p}, {d}], got {tuple(staging_k.shape)}")
-    if staging_v.shape != staging_k.shape or staging_v.dtype != torch.bfloat16 or not staging_v.is_contiguous():
-        raise ValueError("staging_v must match staging_k")
-    for name, t in (("page_to_staging", page_to_staging), ("kv_indptr", kv_indptr), ("kv_page_indices", kv_page_indices), ("seq_lens", seq_lens)):
-        if t.dtype != torch.int32:
-            raise TypeError(f"{name} must be int32, got {t.dtype}")
-    b, hq, _ = q.shape
+    b, hq, d, h, p, s_cols = check_attention_inputs(q, k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging,
+                                                    bits=bits, k_group=k_group, v_group=v_group, rows="B")
+    check_int32(kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens)
     group = hq // h
     log2d = log2_exact(d, "head_dim")
     write = new_k is not None or new_v is not None or new_loc is not None
+    new_strides = (0, 0, 0, 0)  # (new_k, new_v) x (request, head)
     if write:
         if new_k is None or new_v is None or new_loc is None:
             raise ValueError("the fused write needs new_k, new_v and new_loc together")
+        check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d, page_size=p, scale_columns=s_cols)
         if new_k.shape != (b, h, d) or new_v.shape != (b, h, d) or new_k.stride(2) != 1 or new_v.stride(2) != 1:
             raise ValueError(f"new_k / new_v must be [B={b}, H={h}, D={d}] contiguous along D, got "
                              f"{tuple(new_k.shape)} / {tuple(new_v.shape)}")
         if new_loc.shape != (b,):
             raise ValueError(f"new_loc must be [B]={b}, got {tuple(new_loc.shape)}")
-        if (staging_scale is None) != (s_cols == 0) or (
-            staging_scale is not None and (staging_scale.shape != (staging_k.shape[0], p, s_cols)
-                                           or staging_scale.dtype != torch.float32 or not staging_scale.is_contiguous())
-        ):
-            raise ValueError(f"staging_scale must be contiguous fp32 [{staging_k.shape[0]}, {p}, {s_cols}] "
-                             f"(None exactly when the pool has no token scales)")
-    if q_rot is not None and (q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous()):
-        raise ValueError(f"q_rot must be contiguous fp32 {tuple(q.shape)}")
-    tune = default_tuning(b, h, d, p)
-    block_n = tune["block_n"] if block_n is None else block_n
-    num_warps = tune["num_warps"] if num_warps is None else num_warps
-    transposed = tune.get("transposed", False) if transposed is None else transposed
-    prefetch = tune.get("prefetch", False) if prefetch is None else prefetch
-    if num_splits is None:
-        num_splits = pick_num_splits(b, h, waves=tune["waves"])
+        new_strides = (new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1))
+    if q_rot is not None:
+        check_fp32_buffer("q_rot", q_rot, (b, hq, d))
+    tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
+    check_sealed_tile(tune.block_n, page_size=p, k_group=k_group)
+    if tune.num_splits is not None:
+        num_splits = tune.num_splits
+    else:
+        num_splits = workspace[0].shape[2] - 1 if workspace is not None else pick_num_splits(b, h, waves=tune.waves)
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:
@@ -502,56 +495,45 @@ def oscar_decode_attention(
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
     if b == 0:
         return out
-    block_h = max(8 if transposed else 16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
-    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
-    if p % block_n or block_n % 16 or (block_n % k_group and k_group % block_n):
-        raise ValueError(f"block_n={block_n} must divide the page size {p} and nest with k_group={k_group}")
     chunk = max(1, min(64, 4096 // (block_g * d), triton.next_power_of_2(num_splits + 1)))
-    if fused_merge is None:
-        fused_merge = num_splits + 1 <= 2 * chunk
+    fused_merge = num_splits + 1 <= 2 * chunk if tune.fused_merge is None else tune.fused_merge
+    options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
     _decode_stage1_kernel[(b, h, num_splits + 1)](
-        q_rot if q_rot is not None else q_scratch,
-        k_codes.view(torch.int32),
-        k_params.flatten(-2).view(torch.int32),
-        v_codes.view(torch.int32),
-        v_params.flatten(-2).view(torch.int32),
-        scale if scale is not None else k_params,
-        staging_k,
-        staging_v,
-        page_to_staging,
-        kv_indptr,
-        kv_page_indices,
-        seq_lens,
-        part_o,
-        part_lse,
-        q,
-        new_k if write else q,
-        new_v if write else q,
-        new_loc if write else seq_lens,
-        staging_scale if staging_scale is not None else part_lse,
-        counters,
-        out,
-        q.stride(0),
-        q.stride(1),
-        new_k.stride(0) if write else 0,
-        new_k.stride(1) if write else 0,
-        new_v.stride(0) if write else 0,
-        new_v.stride(1) if write else 0,
-        out.stride(0),
-        out.stride(1),
-        sm_scale * math.log2(math.e),
+        qrot_ptr=q_rot if q_rot is not None else q_scratch,
+        **pool_arguments(k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging),
+        kv_indptr_ptr=kv_indptr,
+        page_idx_ptr=kv_page_indices,
+        seq_lens_ptr=seq_lens,
+        part_o_ptr=part_o,
+        part_lse_ptr=part_lse,
+        q_ptr=q,
+        new_k_ptr=new_k if write else q,  # the new_* are not read without WRITE
+        new_v_ptr=new_v if write else q,
+        new_loc_ptr=new_loc if write else seq_lens,
+        stg_scale_ptr=staging_scale if staging_scale is not None else part_lse,
+        counter_ptr=counters,
+        out_ptr=out,
+        stride_qb=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_kb=new_strides[0],
+        stride_kh=new_strides[1],
+        stride_vb=new_strides[2],
+        stride_vh=new_strides[3],
+        stride_ob=out.stride(0),
+        stride_oh=out.stride(1),
+        sm_scale_log2=sm_scale * math.log2(math.e),
         H=h,
         GROUP=group,
-        BLOCK_H=block_h,
+        BLOCK_H=max(8 if tune.transposed else 16, block_g),
         D=d,
         BITS=bits,
         P=p,
         G_K=k_group,
         G_V=v_group,
         S=s_cols,
-        BLOCK_N=block_n,
-        BLOCK_T=min(p, 32 if d <= 128 else 16),
+        BLOCK_N=tune.block_n,
+        BLOCK_T=tune.block_t,
         USE_ASM=use_asm(q.device),
         INTERPRET=interpreting(),
         ROT_Q=q_rot is None,
@@ -563,11 +545,10 @@ def oscar_decode_attention(
         BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h),
         CHUNK=chunk,
-        TRANS=transposed,
-        PREFETCH=prefetch,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **extra,
+        TRANS=tune.transposed,
+        num_warps=tune.num_warps,
+        num_stages=tune.num_stages,
+        **options,
     )
     if not fused_merge:
         merge_launch(part_o, part_lse, out)

@@ -15,13 +15,14 @@ added at the end.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import channel_of, fwht_rows, interpreting, log2_exact, sealed_tile, staging_tile, to_bf16_rne, use_asm
-from .decode import _check_pool
+from .common import (channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
+                     log2_exact, pool_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
 from .write import oscar_rotate_q
 
 
@@ -164,6 +165,31 @@ def _extend_kernel(
         tl.store(p_o, b_o.to(o_ptr.dtype.element_ty), mask=m_m[:, None])
 
 
+@dataclass(frozen=True)
+class _ExtendTuning:
+    """How one extend launch runs (never what it computes): ``_default_tuning``'s choice, or what a
+    test or benchmark passes as ``oscar_extend_attention(_tuning=...)``.
+
+    Attributes:
+        block_m: query rows per program, (token, head) pairs of one KV head: a power of two >= 16
+            and a multiple of the GQA group rounded up to a power of two.
+        num_warps: Triton warps per program.
+        block_n: tokens per prefix / new-token tile (divides the page: a multiple of 32,
+            ``oscar_sgl.supported``).
+    """
+
+    block_m: int
+    num_warps: int
+    block_n: int = 32
+
+
+def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _ExtendTuning:
+    """The extend configuration by launch shape: H200 sweep (benches/results/kernels.md), 128 rows
+    on 8 warps, 5-9 % over 64 rows on 4 (32 rows above head_dim 128)."""
+    gp = triton.next_power_of_2(num_q_heads // num_kv_heads)
+    return _ExtendTuning(block_m=max(gp, 128 if head_dim <= 128 else 32), num_warps=8)
+
+
 def oscar_extend_attention(
     *,
     q: torch.Tensor,
@@ -189,8 +215,7 @@ def oscar_extend_attention(
     q_rot: torch.Tensor | None = None,
     max_new_tokens: int | None = None,
     out: torch.Tensor | None = None,
-    block_m: int | None = None,
-    num_warps: int | None = None,
+    _tuning: _ExtendTuning | None = None,
 ) -> torch.Tensor:
     """Attention of a step's new tokens over their cached prefix plus themselves (causal).
 
@@ -208,69 +233,54 @@ def oscar_extend_attention(
         max_new_tokens: the largest new-token count of a request; read from ``qo_indptr`` (a host
             synchronization) when None.
         out: ``[T, Hq, D]`` destination, dtype of q when allocated here.
-        block_m, num_warps: query rows per program (a multiple of the GQA group rounded up to a
-            power of two; rows are (token, head) pairs of one KV head) and warps; None: the fastest
-            measured on an H200.
+        _tuning: tests and benchmarks only: an ``_ExtendTuning`` instead of ``_default_tuning``'s.
     """
-    npages, h, p, d, s_cols = _check_pool(k_codes, k_params, v_codes, v_params, scale, bits, k_group, v_group)
-    if q.dim() != 3 or q.shape[2] != d or q.shape[1] % h or q.stride(2) != 1:
-        raise ValueError(f"q must be [T, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
-    t, hq, _ = q.shape
+    t, hq, d, h, p, s_cols = check_attention_inputs(q, k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging,
+                                                    bits=bits, k_group=k_group, v_group=v_group, rows="T")
     if k.shape != (t, h, d) or v.shape != (t, h, d) or k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError(f"k and v must be [T={t}, H={h}, D={d}] contiguous along D")
     if k.dtype != v.dtype:
         raise TypeError("k and v must share a dtype")
-    for name, x in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_page_indices", kv_page_indices), ("prefix_lens", prefix_lens), ("page_to_staging", page_to_staging)):
-        if x.dtype != torch.int32:
-            raise TypeError(f"{name} must be int32, got {x.dtype}")
+    check_int32(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, prefix_lens=prefix_lens)
     log2d = log2_exact(d, "head_dim")
     b = prefix_lens.shape[0]
     if qo_indptr.shape != (b + 1,):
         raise ValueError(f"qo_indptr must be [B + 1] = [{b + 1}], got {tuple(qo_indptr.shape)}")
+    tune = _default_tuning(hq, h, d) if _tuning is None else _tuning
+    gp = triton.next_power_of_2(hq // h)
+    if tune.block_m % gp or tune.block_m < 16 or tune.block_m & (tune.block_m - 1):
+        raise ValueError(f"block_m={tune.block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
+    check_sealed_tile(tune.block_n, page_size=p, k_group=k_group)
     if q_rot is None:
         q_rot = oscar_rotate_q(q=q, rotation=rotation)
-    elif q_rot.shape != q.shape or q_rot.dtype != torch.float32 or not q_rot.is_contiguous():
-        raise ValueError(f"q_rot must be contiguous fp32 {tuple(q.shape)}")
+    else:
+        check_fp32_buffer("q_rot", q_rot, (t, hq, d))
     if out is None:
         out = torch.empty_like(q)
     if max_new_tokens is None:
         max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max().item()) if b else 0
     if t == 0 or b == 0 or max_new_tokens == 0:
         return out
-    gp = triton.next_power_of_2(hq // h)
-    if block_m is None:  # H200 sweep (benches/results/kernels.md): 128 rows on 8 warps, 5-9 % over 64 on 4
-        block_m = max(gp, 128 if d <= 128 else 32)
-    if num_warps is None:
-        num_warps = 8
-    if block_m % gp or block_m < 16 or block_m & (block_m - 1):
-        raise ValueError(f"block_m={block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
-    _extend_kernel[(b, h, triton.cdiv(max_new_tokens, block_m // gp))](
-        q,
-        q_rot,
-        k,
-        v,
-        out,
-        k_codes.view(torch.int32),
-        k_params.flatten(-2).view(torch.int32),
-        v_codes.view(torch.int32),
-        v_params.flatten(-2).view(torch.int32),
-        scale if scale is not None else k_params,
-        staging_k,
-        staging_v,
-        page_to_staging,
-        qo_indptr,
-        kv_indptr,
-        kv_page_indices,
-        prefix_lens,
-        sm_scale * math.log2(math.e),
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
+    _extend_kernel[(b, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
+        q_ptr=q,
+        qrot_ptr=q_rot,
+        k_ptr=k,
+        v_ptr=v,
+        o_ptr=out,
+        **pool_arguments(k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging),
+        qo_indptr_ptr=qo_indptr,
+        kv_indptr_ptr=kv_indptr,
+        page_idx_ptr=kv_page_indices,
+        prefix_lens_ptr=prefix_lens,
+        sm_scale_log2=sm_scale * math.log2(math.e),
+        stride_qt=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_kt=k.stride(0),
+        stride_kh=k.stride(1),
+        stride_vt=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_ot=out.stride(0),
+        stride_oh=out.stride(1),
         H=h,
         GROUP=hq // h,
         D=d,
@@ -280,13 +290,13 @@ def oscar_extend_attention(
         G_K=k_group,
         G_V=v_group,
         S=s_cols,
-        BLOCK_M=block_m,
+        BLOCK_M=tune.block_m,
         GP=gp,
-        BLOCK_N=32,
+        BLOCK_N=tune.block_n,
         ROTATE=rotation,
         INV_SQRT_D=1.0 / math.sqrt(d),
         INTERPRET=interpreting(),
         USE_ASM=use_asm(q.device),
-        num_warps=num_warps,
+        num_warps=tune.num_warps,
     )
     return out

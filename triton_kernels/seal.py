@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import pack_codes, quantize
+from .common import check_int32, check_pool, check_staging, pack_codes, quantize
 
 
 @triton.jit(do_not_specialize=["num_plan"])
@@ -129,58 +129,31 @@ def oscar_seal(
         scale: ``[num_pages, P, S]`` fp32, or None (token scaling off).
         bits, k_group, v_group: the layer's OscarConfig values.
     """
-    if bits not in (2, 4):
-        raise ValueError(f"bits must be 2 or 4, got {bits}")
-    if plan.dtype != torch.int32:
-        raise TypeError(f"the seal plan must be int32, got {plan.dtype}")
+    check_int32(plan=plan)
     plan = plan.reshape(-1)
     if plan.numel() % 2 or not plan.is_contiguous():
         raise ValueError("the seal plan must hold (page, staging_slot) pairs, contiguous")
     n = plan.numel() // 2
-    ns, h, p, d = staging_k.shape
-    if staging_v.shape != staging_k.shape or staging_k.dtype != torch.bfloat16 or staging_v.dtype != torch.bfloat16:
-        raise ValueError("staging K/V must be bf16 tensors of one shape [num_staging, H, P, D]")
-    if p % k_group or k_group & (k_group - 1) or k_group < 1:
-        raise ValueError(f"page size {p} must be a multiple of the power-of-two k_group={k_group}")
-    if d % v_group or v_group & (v_group - 1):
-        raise ValueError(f"v_group={v_group} must be a power of two dividing head_dim={d}")
-    npages = k_codes.shape[0]
-    nbytes = d * bits // 8
-    expect = {
-        "k_codes": (k_codes, (npages, h, p, nbytes), torch.uint8),
-        "k_params": (k_params, (npages, h, p // k_group, 2, d), torch.float16),
-        "v_codes": (v_codes, (npages, h, p, nbytes), torch.uint8),
-        "v_params": (v_params, (npages, h, p, 2, d // v_group), torch.float16),
-    }
-    for name, (t, shape, dtype) in expect.items():
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
-    s_cols = 0
-    if (staging_scale is None) != (scale is None):
-        raise ValueError("staging_scale and scale must both be given (token scaling on) or both None")
-    if scale is not None:
-        s_cols = scale.shape[2]
-        if tuple(scale.shape) != (npages, p, s_cols) or scale.dtype != torch.float32 or not scale.is_contiguous():
-            raise ValueError(f"scale must be contiguous fp32 [{npages}, {p}, S], got {tuple(scale.shape)}")
-        if tuple(staging_scale.shape) != (ns, p, s_cols) or staging_scale.dtype != torch.float32:
-            raise ValueError(f"staging_scale must be fp32 [{ns}, {p}, {s_cols}], got {tuple(staging_scale.shape)}")
-        if s_cols not in (1, h):
-            raise ValueError(f"scale must have 1 or H={h} columns, got {s_cols}")
+    if staging_k.dim() != 4:
+        raise ValueError(f"staging K must be [num_staging, H, P, D], got {tuple(staging_k.shape)}")
+    d = staging_k.shape[3]
+    _, h, p, s_cols = check_pool(k_codes, k_params, v_codes, v_params, scale, bits=bits, k_group=k_group, v_group=v_group, head_dim=d)
+    check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d, page_size=p, scale_columns=s_cols)
     if n == 0:
         return
     # at most ~4K fp32 values per program (registers), whole V groups, whole bytes
     block_d = min(d, max(v_group, 4096 // k_group, 8 // bits))
     _seal_kernel[(n, h, (p // k_group) * (d // block_d))](
-        plan,
-        staging_k,
-        staging_v,
-        staging_scale if staging_scale is not None else staging_k,
-        k_codes,
-        k_params,
-        v_codes,
-        v_params,
-        scale if scale is not None else k_codes,
-        n,
+        plan_ptr=plan,
+        stg_k_ptr=staging_k,
+        stg_v_ptr=staging_v,
+        stg_scale_ptr=staging_scale if staging_scale is not None else staging_k,  # not read when S == 0
+        k_codes_ptr=k_codes,
+        k_params_ptr=k_params,
+        v_codes_ptr=v_codes,
+        v_params_ptr=v_params,
+        scale_ptr=scale if scale is not None else k_codes,
+        num_plan=n,
         H=h,
         D=d,
         P=p,

@@ -16,30 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import fwht_rows, log2_exact, to_bf16_rne
-
-
-@triton.jit
-def load_rotated(ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
-                 ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr):
-    """Rows ``o_h`` (heads) of token ``i_t`` as fp32 ``[ROWS, D]``, Walsh-Hadamard rotated when ROTATE."""
-    x = tl.load(ptr + i_t * stride_t + o_h[:, None] * stride_h + tl.arange(0, D)[None, :], mask=m_h[:, None], other=0.0)
-    x = x.to(tl.float32)
-    if ROTATE:
-        x = fwht_rows(x, ROWS, D, LOG2D) * INV_SQRT_D
-    return x
-
-
-@triton.jit
-def store_token_scales(b_k, p_scale, o_h, m_h, S: tl.constexpr):
-    """s_t of the rotated keys ``b_k`` ``[rows, D]`` of one token: the norm over every row (S == 1)
-    or per row (S > 1, stored at ``p_scale + o_h``); a zero norm is stored as 1."""
-    if S == 1:
-        b_s = tl.sqrt_rn(tl.sum(tl.sum(b_k * b_k, axis=1), axis=0))
-        tl.store(p_scale, tl.where(b_s > 0.0, b_s, 1.0))
-    elif S > 1:
-        b_s = tl.sqrt_rn(tl.sum(b_k * b_k, axis=1))
-        tl.store(p_scale + o_h, tl.where(b_s > 0.0, b_s, 1.0), mask=m_h)
+from .common import check_fp32_buffer, check_int32, check_staging, load_rotated, log2_exact, store_rotated_rows, store_token_scales, to_bf16_rne
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -91,43 +68,8 @@ def _write_kv_kernel(
         store_token_scales(b_k, stg_scale_ptr + (stg * P + slot) * S, o_h, m_h, S)
     if HAS_Q:
         o_hq = tl.arange(0, BLOCK_HQ)
-        m_hq = o_hq < HQ
-        b_q = load_rotated(q_ptr, i_t, stride_qt, stride_qh, o_hq, m_hq, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
-        tl.store(q_out_ptr + (i_t * HQ + o_hq[:, None]) * D + o_d[None, :], b_q, mask=m_hq[:, None])
+        store_rotated_rows(q_ptr, q_out_ptr, i_t, stride_qt, stride_qh, o_hq, o_hq < HQ, HQ, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
 
-
-@triton.jit
-def write_token(
-    k_ptr, v_ptr, loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, i_t, i_h,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, P: tl.constexpr,
-    S: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr,
-):
-    """The write path of KV head ``i_h`` of token ``i_t`` (the decode kernel's fused write): the
-    same values as ``_write_kv_kernel`` for that head. With the layer norm scope (``S == 1``) the
-    program of head 0 also computes and stores s_t (over every head's rotated key)."""
-    o_d = tl.arange(0, D)
-    loc = tl.load(loc_ptr + i_t).to(tl.int64)
-    page = loc // P
-    slot = loc % P
-    stg = tl.load(p2s_ptr + page).to(tl.int64)
-    if stg >= 0:  # padding slots (page 0, CUDA-graph batches) are never written
-        o_1 = i_h + tl.arange(0, 1)
-        m_1 = o_1 >= 0
-        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
-        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
-        o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
-        tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k))
-        tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v))
-        p_scale = stg_scale_ptr + (stg * P + slot) * S
-        if S == 1:
-            if i_h == 0:  # the layer norm needs every head's rotated key
-                o_h = tl.arange(0, BLOCK_H)
-                m_h = o_h < H
-                b_ka = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
-                store_token_scales(b_ka, p_scale, o_h, m_h, S)
-        else:
-            store_token_scales(b_k, p_scale, o_1, m_1, S)
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _rotate_q_kernel(
@@ -144,33 +86,8 @@ def _rotate_q_kernel(
     INV_SQRT_D: tl.constexpr,
 ):
     i_t = tl.program_id(0).to(tl.int64)
-    o_d = tl.arange(0, D)
     o_hq = tl.arange(0, BLOCK_HQ)
-    m_hq = o_hq < HQ
-    b_q = load_rotated(q_ptr, i_t, stride_qt, stride_qh, o_hq, m_hq, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
-    tl.store(q_out_ptr + (i_t * HQ + o_hq[:, None]) * D + o_d[None, :], b_q, mask=m_hq[:, None])
-
-
-def _check_staging(stg_k: torch.Tensor, stg_v: torch.Tensor, stg_scale: torch.Tensor | None, num_kv_heads: int, head_dim: int) -> tuple[int, int]:
-    if stg_k.dtype != torch.bfloat16 or stg_v.dtype != torch.bfloat16:
-        raise TypeError(f"staging K/V must be bfloat16, got {stg_k.dtype} / {stg_v.dtype}")
-    if stg_k.dim() != 4 or stg_k.shape != stg_v.shape:
-        raise ValueError(f"staging K/V must both be [num_staging, H, P, D], got {tuple(stg_k.shape)} / {tuple(stg_v.shape)}")
-    if stg_k.shape[1] != num_kv_heads or stg_k.shape[3] != head_dim:
-        raise ValueError(f"staging {tuple(stg_k.shape)} does not match H={num_kv_heads}, D={head_dim}")
-    if not (stg_k.is_contiguous() and stg_v.is_contiguous()):
-        raise ValueError("staging K/V must be contiguous")
-    page_size = stg_k.shape[2]
-    s_cols = 0
-    if stg_scale is not None:
-        if stg_scale.dtype != torch.float32 or stg_scale.dim() != 3 or not stg_scale.is_contiguous():
-            raise ValueError(f"staging scale must be contiguous fp32 [num_staging, P, S], got {stg_scale.dtype} {tuple(stg_scale.shape)}")
-        if stg_scale.shape[:2] != stg_k.shape[:1] + stg_k.shape[2:3]:
-            raise ValueError(f"staging scale {tuple(stg_scale.shape)} does not match staging K {tuple(stg_k.shape)}")
-        s_cols = stg_scale.shape[2]
-        if s_cols not in (1, num_kv_heads):
-            raise ValueError(f"staging scale has {s_cols} columns; expected 1 (layer scope) or H={num_kv_heads} (head scope)")
-    return page_size, s_cols
+    store_rotated_rows(q_ptr, q_out_ptr, i_t, stride_qt, stride_qh, o_hq, o_hq < HQ, HQ, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
 
 
 def oscar_write_kv(
@@ -206,13 +123,12 @@ def oscar_write_kv(
         raise ValueError(f"k and v must both be [T, H, D], got {tuple(k.shape)} / {tuple(v.shape)}")
     t, h, d = k.shape
     log2d = log2_exact(d, "head_dim")
-    page_size, s_cols = _check_staging(staging_k, staging_v, staging_scale, h, d)
+    page_size, s_cols = check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d)
     if k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError("k and v must be contiguous along head_dim")
     if loc.shape != (t,):
         raise ValueError(f"loc must be [T]={t}, got {tuple(loc.shape)}")
-    if page_to_staging.dtype != torch.int32:
-        raise TypeError(f"page_to_staging must be int32, got {page_to_staging.dtype}")
+    check_int32(page_to_staging=page_to_staging)
     hq = 1
     if q is not None:
         if q.dim() != 3 or q.shape[0] != t or q.shape[2] != d or q.stride(2) != 1:
@@ -220,28 +136,27 @@ def oscar_write_kv(
         hq = q.shape[1]
         if q_rot_out is None:
             q_rot_out = torch.empty((t, hq, d), dtype=torch.float32, device=q.device)
-        elif q_rot_out.shape != (t, hq, d) or q_rot_out.dtype != torch.float32 or not q_rot_out.is_contiguous():
-            raise ValueError(f"q_rot_out must be contiguous fp32 [{t}, {hq}, {d}]")
+        else:
+            check_fp32_buffer("q_rot_out", q_rot_out, (t, hq, d))
     if t == 0:
         return q_rot_out
-    scale_arg = staging_scale if staging_scale is not None else staging_k
     _write_kv_kernel[(t,)](
-        k,
-        v,
-        loc,
-        page_to_staging,
-        staging_k,
-        staging_v,
-        scale_arg,
-        q if q is not None else k,
-        q_rot_out if q_rot_out is not None else k,
-        t,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        q.stride(0) if q is not None else 0,
-        q.stride(1) if q is not None else 0,
+        k_ptr=k,
+        v_ptr=v,
+        loc_ptr=loc,
+        p2s_ptr=page_to_staging,
+        stg_k_ptr=staging_k,
+        stg_v_ptr=staging_v,
+        stg_scale_ptr=staging_scale if staging_scale is not None else staging_k,  # not read when S == 0
+        q_ptr=q if q is not None else k,  # not read without HAS_Q
+        q_out_ptr=q_rot_out if q_rot_out is not None else k,
+        num_tokens=t,
+        stride_kt=k.stride(0),
+        stride_kh=k.stride(1),
+        stride_vt=v.stride(0),
+        stride_vh=v.stride(1),
+        stride_qt=q.stride(0) if q is not None else 0,
+        stride_qh=q.stride(1) if q is not None else 0,
         H=h,
         BLOCK_H=triton.next_power_of_2(h),
         HQ=hq,
@@ -270,15 +185,15 @@ def oscar_rotate_q(*, q: torch.Tensor, rotation: bool = True, out: torch.Tensor 
     log2d = log2_exact(d, "head_dim")
     if out is None:
         out = torch.empty((t, hq, d), dtype=torch.float32, device=q.device)
-    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous fp32 {tuple(q.shape)}")
+    else:
+        check_fp32_buffer("out", out, (t, hq, d))
     if t:
         _rotate_q_kernel[(t,)](
-            q,
-            out,
-            t,
-            q.stride(0),
-            q.stride(1),
+            q_ptr=q,
+            q_out_ptr=out,
+            num_tokens=t,
+            stride_qt=q.stride(0),
+            stride_qh=q.stride(1),
             HQ=hq,
             BLOCK_HQ=triton.next_power_of_2(hq),
             D=d,

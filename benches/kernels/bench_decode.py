@@ -19,6 +19,7 @@ Run on the device machine through ``benches/kernels/run_gpu.sh``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from triton.testing import do_bench
 from oscar_sgl.config import OscarConfig
 from oscar_sgl.kernels import decode_workspace, oscar_decode_attention, oscar_extend_attention, oscar_seal, oscar_write_kv
 from oscar_sgl.kernels import decode as _dec
+from oscar_sgl.kernels import extend as _ext
 
 HQ, H, D, P = 32, 8, 128, 128
 SHAPES = [(1, 131072), (1, 32768), (8, 32768), (32, 8192), (64, 4096), (16, 65536)]
@@ -162,20 +164,19 @@ class OscarSetup:
         tail = self.batch * H * P * D * 2 * 2
         return sealed * per_page + tail
 
-    def call(self, copy: int, *, num_splits: int, block_n: int, num_warps: int, num_stages: int, ws, maxnreg=None,
-             transposed=None, prefetch=None, mode: str = "fused"):
+    def call(self, copy: int, *, tuning, ws, mode: str = "fused"):
         """One decode launch as the backend runs it (``fused``: query rotation, the new token's write
         and the merge in the launch), without the write (``nowrite``), or the unfused two-launch
-        path of the first version (``unfused``: queries rotated beforehand, separate merge launch)."""
+        path of the first version (``unfused``: queries rotated beforehand, separate merge launch).
+        ``tuning``: the launcher's ``_DecodeTuning``; the workspace ``ws`` sets the split count."""
         pool = self.pool()
         kw = dict(q=self.q, **pool, kv_indptr=self.indptr[copy], kv_page_indices=self.pages[copy],
-                  seq_lens=self.seq_lens[copy], sm_scale=1 / math.sqrt(D), out=self.out, num_splits=num_splits,
-                  workspace=ws, block_n=block_n, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg,
-                  transposed=transposed, prefetch=prefetch)  # fmt: skip
+                  seq_lens=self.seq_lens[copy], sm_scale=1 / math.sqrt(D), out=self.out, workspace=ws,
+                  _tuning=tuning)  # fmt: skip
         if mode == "fused":
             kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=self.new_loc[copy], staging_scale=self.staging_scale)
         elif mode == "unfused":
-            kw.update(q_rot=self.q_rot, fused_merge=False)
+            kw.update(q_rot=self.q_rot, _tuning=dataclasses.replace(tuning, fused_merge=False))
         elif mode != "nowrite":
             raise ValueError(mode)
 
@@ -243,46 +244,39 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
     st = OscarSetup(bits, batch, ctx, copies)
     res = {"kv_bytes": per_call, "copies": copies, "variants": []}
     ref_out = None
-    for bn, nw, ns, waves, mr, tr, pf in variants:
-        mr = mr or None
-        is_default, is_previous = bn == 0, bn == -1
-        tr, pf = bool(tr), bool(pf)
+    tunes = []
+    default = _dec._default_tuning(batch, H, D, P)
+    for bn, nw, ns, waves, mr, tr in variants:
+        is_default = bn == 0
         if is_default:  # the launcher's default configuration (what the backend runs)
-            tune = _dec.default_tuning(batch, H, D, P)
-            bn, nw, waves = tune["block_n"], tune["num_warps"], tune["waves"]
-            ns = tune.get("num_stages", ns)
-            tr, pf = tune.get("transposed", False), tune.get("prefetch", False)
-        if is_previous:  # the previous version's default (commit b6ba4b8), measured side by side
-            bn, nw, waves, tr, pf = (32, 1, 16.0 if batch * H < 512 else 8.0, False, False) if batch * H >= 32 else (64, 2, 4.0, False, False)
-            splits = min(128, -(-int(torch.cuda.get_device_properties(0).multi_processor_count * waves) // (batch * H)))
+            tune = default
         else:
-            splits = _dec.pick_num_splits(batch, H, waves=waves)
+            tune = dataclasses.replace(default, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
+                                       transposed=bool(tr))
+        splits = _dec.pick_num_splits(batch, H, waves=tune.waves)
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, ws=ws, maxnreg=mr, transposed=tr, prefetch=pf)
+        desc = {"block_n": tune.block_n, "num_warps": tune.num_warps, "num_stages": tune.num_stages, "waves": tune.waves,
+                "maxnreg": tune.maxnreg, "transposed": tune.transposed, "default": is_default}
         try:
-            st.call(0, **kw)()
+            st.call(0, tuning=tune, ws=ws)()
             torch.cuda.synchronize()
             o = st.out.clone()
             if ref_out is None:
                 ref_out = o
             agree = rel_rms(o, ref_out)
-            t = time_calls([st.call(c, **kw) for c in range(copies)])
+            t = time_calls([st.call(c, tuning=tune, ws=ws) for c in range(copies)])
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
-            log(f"    variant bn={bn} nw={nw} ns={ns} waves={waves} maxnreg={mr} trans={tr} prefetch={pf}: FAILED {type(e).__name__}: {str(e)[:200]}")
-            res["variants"].append({"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "transposed": tr,
-                                    "prefetch": pf, "default": is_default, "previous": is_previous,
-                                    "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            log(f"    variant {desc}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            res["variants"].append({**desc, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
         part_bytes = 2 * batch * HQ * (splits + 1) * (D + 1) * 4
         total = per_call + part_bytes + batch * HQ * D * (4 + 2)
-        v = {"block_n": bn, "num_warps": nw, "num_stages": ns, "waves": waves, "maxnreg": mr, "transposed": tr, "prefetch": pf,
-             "num_splits": splits, "agree_rel_rms": agree,
-             "default": is_default, "previous": is_previous,
-             "bytes": total, "TBps": total / (t["us"] * 1e-6) / 1e12, **t}  # fmt: skip
+        v = {**desc, "num_splits": splits, "agree_rel_rms": agree, "bytes": total, "TBps": total / (t["us"] * 1e-6) / 1e12, **t}
         res["variants"].append(v)
-        tag = " (default)" if is_default else " (previous default)" if is_previous else ""
-        log(f"    bn={bn:3d} nw={nw} ns={ns} mr={mr} tr={int(tr)} pf={int(pf)} splits={splits:3d}{tag}: "
-            f"{t['us']:8.2f} us  {v['TBps']:.2f} TB/s  (agree {agree:.1e})")
+        tunes.append((v, tune))
+        tag = " (default)" if is_default else ""
+        log(f"    bn={tune.block_n:3d} nw={tune.num_warps} ns={tune.num_stages} mr={tune.maxnreg} tr={int(tune.transposed)} "
+            f"splits={splits:3d}{tag}: {t['us']:8.2f} us  {v['TBps']:.2f} TB/s  (agree {agree:.1e})")
     ok = [v for v in res["variants"] if "error" not in v and v["agree_rel_rms"] < 2e-3]
     res["best"] = min(ok, key=lambda v: v["us"]) if ok else None
     if res["best"] is not None and extras:
@@ -291,8 +285,7 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
         b = res["best"]
         splits = b["num_splits"]
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-        cfg_b = dict(num_splits=splits, block_n=b["block_n"], num_warps=b["num_warps"], num_stages=b["num_stages"], ws=ws, maxnreg=b["maxnreg"],
-                     transposed=b["transposed"], prefetch=b["prefetch"])
+        cfg_b = dict(tuning=next(tune for v, tune in tunes if v is b), ws=ws)
         res["nowrite_us"] = time_calls([st.call(c, mode="nowrite", **cfg_b) for c in range(copies)])["us"]
         res["unfused_us"] = time_calls([st.call(c, mode="unfused", **cfg_b) for c in range(copies)])["us"]
 
@@ -441,7 +434,7 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
 
     res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
     for bm, nw in EXTEND_VARIANTS:  # (0, 0): the launcher's default
-        kw = {} if bm == 0 else {"block_m": bm, "num_warps": nw}
+        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw)}
         try:
             tv = time_calls([lambda kw=kw: oscar(**kw)])
         except Exception as e:  # noqa: BLE001
@@ -512,10 +505,9 @@ def summarize(res: dict) -> list[dict]:
             if not best:
                 continue
             dflt = [v["us"] for v in o.get("variants", []) if v.get("default") and "us" in v]
-            prev = [v["us"] for v in o.get("variants", []) if v.get("previous") and "us" in v]
             row = {"batch": b, "ctx": ctx, "bits": bits, "oscar_us": best["us"], "oscar_TBps": best["TBps"],
-                   "default_us": dflt[0] if dflt else None, "previous_us": prev[0] if prev else None,
-                   "config": {k: best.get(k) for k in ("block_n", "num_warps", "num_stages", "num_splits", "maxnreg", "transposed", "prefetch")},
+                   "default_us": dflt[0] if dflt else None,
+                   "config": {k: best.get(k) for k in ("block_n", "num_warps", "num_stages", "num_splits", "maxnreg", "transposed")},
                    "stream_only_us": (o.get("stream_only") or {}).get("us"), "stream_only_TBps": (o.get("stream_only") or {}).get("TBps"),
                    "sdpa_us": sd, "sglang_us": sg, "vs_sdpa": sd / best["us"] if sd else None,
                    "vs_sglang": sg / best["us"] if sg else None, "stage2_us": o.get("stage2_us"),
@@ -578,18 +570,18 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "minus the same launch without the write; 'unfused' is the first version's path (queries rotated by a "
         "separate launch, stage 1, separate merge launch 'stage 2').",
         "",
-        "| B | ctx | bits | OScaR us | default us | previous us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg, transposed, prefetch) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | ctx | bits | OScaR us | default us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg, transposed) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for r in rows:
         c = r["config"]
         lines.append(
-            f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['oscar_us']:.1f} | {r['default_us'] or nan:.1f} | {r['previous_us'] or nan:.1f} | {r['oscar_TBps']:.2f} | "
+            f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['oscar_us']:.1f} | {r['default_us'] or nan:.1f} | {r['oscar_TBps']:.2f} | "
             f"{r['unfused_us'] or nan:.1f} | {r['stage2_us'] or nan:.1f} | {r['stream_only_TBps'] or nan:.2f} | "
             f"{r['sdpa_us'] or nan:.1f} | {r['vs_sdpa'] or nan:.2f} | {r['sglang_us'] or nan:.1f} | "
             f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
-            f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))}, {int(bool(c['prefetch']))} |"
+            f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))} |"
         )
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
@@ -606,12 +598,28 @@ def markdown(res: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Decode stage-1 sweep: (block_n, warps, stages, waves, maxnreg, transposed) around the launcher's
+# _default_tuning (block_n 0 = that default, measured as the backend runs it): more and fewer
+# programs per SM, 64-token tiles on two warps, and the plain form on the default tiles (the form
+# head dims above 128 run).
+VARIANTS = [(0, 0, 3, 0, 0, 0), (32, 1, 3, 24, 0, 1), (32, 1, 3, 12, 0, 1), (64, 2, 3, 4, 0, 1), (32, 1, 3, 16, 0, 0)]
+
+
+def parse_variant(text: str) -> tuple[int, int, int, int, int, int]:
+    """``bn:nw:ns:waves[:maxnreg[:transposed]]`` -> the 6-tuple of ``VARIANTS`` (maxnreg 0: no cap)."""
+    fields = text.split(":")
+    if not 4 <= len(fields) <= 6:
+        raise SystemExit(f"variant {text!r}: expected bn:nw:ns:waves[:maxnreg[:transposed]]")
+    bn, nw, ns, waves, mr, tr = (int(x) for x in (fields + ["0", "0"])[:6])
+    return bn, nw, ns, waves, mr, tr
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="fewer kernel variants")
     ap.add_argument("--shapes", default="all")
-    ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed[:prefetch]]],... (overrides the sweep)")
+    ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed]],... (overrides the sweep; bn 0: the default)")
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -627,14 +635,11 @@ def main() -> None:
     res["hbm_copy_TBps"] = hbm_copy_bandwidth()
     log(f"HBM copy: {res['hbm_copy_TBps']:.2f} TB/s")
     if args.variants:
-        variants = [tuple(int(x) for x in (v + ":0:0:0").split(":")[:7]) for v in args.variants.split(",")]
+        variants = [parse_variant(v) for v in args.variants.split(",")]
     elif args.quick:
-        variants = [(0, 0, 3, 0, 0, 0, 0), (-1, 0, 3, 0, 0, 0, 0)]
+        variants = [VARIANTS[0]]
     else:
-        # (block_n, warps, stages, waves, maxnreg, transposed, prefetch); block_n 0 = the launcher's
-        # default_tuning, -1 = the previous version's default (side by side)
-        variants = [(0, 0, 3, 0, 0, 0, 0), (-1, 0, 3, 0, 0, 0, 0), (32, 1, 3, 24, 0, 1, 1), (32, 1, 3, 12, 0, 1, 1),
-                    (32, 1, 3, 16, 0, 1, 0), (32, 1, 3, 16, 0, 0, 1), (64, 2, 3, 4, 0, 1, 1)]  # fmt: skip
+        variants = VARIANTS
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     budget = 24e9  # bytes of KV copies per measured callable
     for b, ctx in shapes:

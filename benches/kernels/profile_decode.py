@@ -1,17 +1,18 @@
 """One decode launch per stage-1 configuration at one shape, for Nsight Compute.
 
     ncu --clock-control none --kernel-name regex:_decode_stage1 --launch-skip 1 --launch-count 1 \\
-        --section SpeedOfLight ... python3 benches/kernels/profile_decode.py --shape 8x32768 --config 32:1:3:16:0:1:1
+        --section SpeedOfLight ... python3 benches/kernels/profile_decode.py --shape 8x32768 --config 32:1:3:16:0:1
 
-Each configuration (``bn:nw:ns:waves:maxnreg:transposed:prefetch`` as in ``bench_decode.py``; block_n
-0 = the launcher's default) is launched twice (compile + warm-up, then the profiled launch), on the
-same random pool as the benchmark. ``run_gpu_profile.sh`` runs it under ncu for several
+Each configuration (``bn:nw:ns:waves[:maxnreg[:transposed]]`` as in ``bench_decode.py --variants``;
+block_n 0 = the launcher's default) is launched twice (compile + warm-up, then the profiled launch),
+on the same random pool as the benchmark. ``run_gpu_profile.sh`` runs it under ncu for several
 configurations and keeps each report as text.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -19,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_decode import DEV, HQ, D, H, P, OscarSetup  # noqa: E402
+from bench_decode import DEV, HQ, D, H, P, OscarSetup, parse_variant  # noqa: E402
 
 from oscar_sgl.kernels import decode as _dec  # noqa: E402
 from oscar_sgl.kernels import decode_workspace  # noqa: E402
@@ -32,21 +33,20 @@ def main() -> None:
     ap.add_argument("--config", default="0:0:3:0")
     args = ap.parse_args()
     batch, ctx = (int(x) for x in args.shape.split("x"))
-    bn, nw, ns, waves, mr, tr, pf = (int(x) for x in (args.config + ":0:0:0").split(":")[:7])
-    if bn == 0:
-        tune = _dec.default_tuning(batch, H, D, P)
-        bn, nw, waves = tune["block_n"], tune["num_warps"], tune["waves"]
-        ns, tr, pf = tune.get("num_stages", ns), tune.get("transposed", False), tune.get("prefetch", False)
-    splits = _dec.pick_num_splits(batch, H, waves=waves)
+    bn, nw, ns, waves, mr, tr = parse_variant(args.config)
+    tune = _dec._default_tuning(batch, H, D, P)
+    if bn != 0:
+        tune = dataclasses.replace(tune, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
+                                   transposed=bool(tr))
+    splits = _dec.pick_num_splits(batch, H, waves=tune.waves)
     st = OscarSetup(args.bits, batch, ctx, 1)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-    run = st.call(0, num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, ws=ws, maxnreg=mr or None,
-                  transposed=bool(tr), prefetch=bool(pf), mode="nowrite")  # fmt: skip
+    run = st.call(0, tuning=tune, ws=ws, mode="nowrite")
     for _ in range(2):
         run()
     torch.cuda.synchronize()
-    print(f"profiled: INT{args.bits} B={batch} ctx={ctx} bn={bn} nw={nw} ns={ns} splits={splits} maxnreg={mr} "
-          f"transposed={bool(tr)} prefetch={bool(pf)} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
+    print(f"profiled: INT{args.bits} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
+          f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":

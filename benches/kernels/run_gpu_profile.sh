@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute reports of the decode stage-1 kernel, one per configuration (device machine).
-#   bash benches/kernels/run_gpu_profile.sh SHAPE CONFIG [CONFIG ...]   e.g. 8x32768 0:0:3:0 32:1:3:16:0:1:1
+#   bash benches/kernels/run_gpu_profile.sh SHAPE CONFIG [CONFIG ...]   e.g. 8x32768 0:0:3:0 32:1:3:16:0:1
 # Reports (text) land in $OUT/ncu_<shape>_<config>.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/oscar-bench}

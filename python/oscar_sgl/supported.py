@@ -245,7 +245,15 @@ def check_server_model(cfg: Any, model_config: Any, *, tp_size: int, use_mla: bo
 
 
 def check_kernel_shape(*, bits: int, k_group: int, v_group: int, page_size: int, head_dim: int) -> None:
-    """What the Triton kernels support beyond `check_layer_shape`."""
+    """What the Triton kernels support (launchers are called with plain ints, so the rules that
+    `check_fields` and `check_layer_shape` apply to an `OscarConfig` are checked again here)."""
+    if bits not in (2, 4):
+        raise OscarConfigError(f"--oscar-bits must be 2 or 4 on the OScaR kernels, got {bits}")
+    if not _is_pow2(head_dim):
+        raise OscarConfigError(f"the model's head_dim must be a power of two on the OScaR kernels, got {head_dim}")
+    if not _is_pow2(v_group) or head_dim % v_group:
+        raise OscarConfigError(f"--oscar-v-group must be a power of two dividing head_dim ({head_dim}) on the OScaR "
+                               f"kernels, got {v_group}")
     cpw = 32 // bits
     if (head_dim * bits) % 32:
         raise OscarConfigError(f"the model's head_dim must be a whole number of 32-bit words at {bits} bits on the "
@@ -253,9 +261,9 @@ def check_kernel_shape(*, bits: int, k_group: int, v_group: int, page_size: int,
     if v_group % cpw:
         raise OscarConfigError(f"--oscar-v-group must be a multiple of {cpw} at {bits} bits on the OScaR kernels, "
                                f"got {v_group}")
-    if k_group < 16 or page_size % k_group:
-        raise OscarConfigError(f"--oscar-k-group must be >= 16 and divide the page size ({page_size}) on the OScaR "
-                               f"kernels, got {k_group}")
+    if k_group < 16 or not _is_pow2(k_group) or page_size % k_group:
+        raise OscarConfigError(f"--oscar-k-group must be a power of two >= 16 dividing the page size ({page_size}) on "
+                               f"the OScaR kernels, got {k_group}")
     if page_size % 32:
         raise OscarConfigError(f"--oscar-page-size must be a multiple of 32 on the OScaR kernels, got {page_size}: "
                                "extend attention walks sealed pages in 32-token tiles")

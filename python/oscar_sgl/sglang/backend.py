@@ -111,7 +111,7 @@ class OscarAttnBackendMixin:
         hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         q_ = q.reshape(-1, hq, d)
         bs = q_.shape[0]
-        splits = K.pick_num_splits(bs, h, waves=K.decode.default_tuning(bs, h, d, pool.page_size)["waves"])
+        splits = K.decode_num_splits(bs, h, d, pool.page_size)
         ws = self._g_workspaces.get(bs)
         if ws is None:  # first seen in the warm-up runs before the capture
             ws = self._g_workspaces[bs] = K.decode_workspace(bs, hq, h, d, splits, q.device)
@@ -123,7 +123,7 @@ class OscarAttnBackendMixin:
             bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
             new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
             staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None,
-            num_splits=splits, workspace=ws,
+            workspace=ws,
         )
         pool.oscar_graph_seal(li)
         return out.reshape(-1, hq * d)

@@ -82,7 +82,7 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
             FUSED_ADD=residual is not None, GEMMA=gemma, BLOCK=block, num_warps=min(16, max(1, block // 256)),
         )
         return out
-    y, r = rmsnorm_reference(x, weight, eps, residual=residual, gemma=gemma)
+    y, r = rmsnorm_reference(x, weight, eps, page_size=residual, gemma=gemma)
     if residual is not None:
         residual.copy_(r)
     out.copy_(y)
