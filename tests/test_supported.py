@@ -57,7 +57,8 @@ def test_server_flags_refusals_share_one_style():
 def test_kernel_rules():
     ok = dict(bits=2, k_group=32, v_group=32, page_size=128, head_dim=128)
     supported.check_kernel_shape(**ok)
-    for bad, part in [({"head_dim": 8}, "32-bit words"), ({"bits": 4, "v_group": 4}, "--oscar-v-group"),
+    for bad, part in [({"head_dim": 8, "v_group": 8}, "32-bit words"), ({"head_dim": 96}, "power of two"),
+                      ({"bits": 3}, "--oscar-bits"), ({"bits": 4, "v_group": 4}, "--oscar-v-group"),
                       ({"k_group": 8}, "--oscar-k-group"), ({"page_size": 48, "k_group": 16}, "multiple of 32")]:
         assert part in _refusal(supported.check_kernel_shape, **{**ok, **bad})
     supported.check_kernel_device(device_type="cuda", dtype=torch.bfloat16, interpreting=False)

@@ -2,16 +2,23 @@
 # One device-machine run: install the SGLang wheels (for its Triton decode kernel), run the kernel
 # test suite on the GPU (compiled kernels, tiny and real sizes), then the decode benchmark.
 #
-# From the repo root, after `bash ../shared/device/fetch-sglang-wheels.sh` filled .whl/ here:
+# From the repo root, after `bash ../shared/device/fetch-sglang-wheels.sh` filled .whl/ here (or after
+# `bash benches/serving/run_gpu.sh setup` on the same machine):
 #   OSCAR_COMMIT=$(git rev-parse HEAD) bash benches/kernels/run_gpu.sh [bench_decode.py args]
 # Everything lands in $OUT: env.log, gpu_tests.log, bench.log, kernels.json, kernels.md, kernels.png.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/oscar-bench}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# SGLang for its Triton kernels: the wheels of fetch-sglang-wheels.sh in .whl/, or a /tmp/site that
+# `benches/serving/run_gpu.sh setup` already unpacked (its bundle, with our wheel installed there).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+[ -d /tmp/site/sglang ] || { echo "run_gpu.sh: no SGLang in /tmp/site (carry .whl/ or run benches/serving/run_gpu.sh setup first)"; exit 3; }
 export PYTHONPATH=/tmp/site:$PWD/python
-# The Rust extension (abi3) comes built from the developer machine: carry python/oscar_sgl/_core.abi3.so.
+# The Rust extension (abi3) comes built from the developer machine: carry python/oscar_sgl/_core.abi3.so
+# (or install dist/*.whl into /tmp/site, as the serving setup does).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
