@@ -255,9 +255,9 @@ def test_decode_refuses_unsupported_shapes():
     q = torch.randn(1, 2, 64).bfloat16().to(DEVICE)
     kw = dict(kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices, seq_lens=pool.seq_lens, sm_scale=0.125)
     with pytest.raises(OscarConfigError, match="^--oscar-v-group must be a multiple of 16 at 2 bits on the OScaR kernels, got 8$"):
-        oscar_decode_attention(q=q, **{**pool.pool_kwargs(), "v_group": 8}, **kw)
+        oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer(), v_group=8), **kw)
     with pytest.raises(OscarConfigError, match="--oscar-k-group must be a power of two >= 16"):
-        oscar_decode_attention(q=q, **{**pool.pool_kwargs(), "k_group": 8}, **kw)
+        oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer(), k_group=8), **kw)
     with pytest.raises(ValueError, match="block_n=48"):
         _decode(pool, q, tune=dict(block_n=48))
 

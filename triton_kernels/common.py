@@ -12,6 +12,7 @@ path computes the same values with integer ops).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -126,10 +127,34 @@ def check_staging(stg_k: torch.Tensor, stg_v: torch.Tensor, stg_scale: torch.Ten
     return stg_k.shape[2], s_cols
 
 
-def check_attention_inputs(q: torch.Tensor, k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Tensor,
-                           v_params: torch.Tensor, scale: torch.Tensor | None, staging_k: torch.Tensor, staging_v: torch.Tensor,
-                           page_to_staging: torch.Tensor, *, bits: int, k_group: int, v_group: int,
-                           rows: str) -> tuple[int, int, int, int, int, int]:
+@dataclass(frozen=True)
+class PagedLayer:
+    """One layer of an OScaR pool as the attention kernels read it (docs/LAYOUT.md §3).
+
+    Attributes:
+        k_codes, v_codes: ``[num_pages, H, P, D*bits/8]`` uint8 packed codes.
+        k_params: ``[num_pages, H, P/k_group, 2, D]`` fp16; v_params: ``[num_pages, H, P, 2, D/v_group]`` fp16.
+        scale: ``[num_pages, P, S]`` fp32 token scales, or None when token scaling is off.
+        staging_k, staging_v: ``[num_staging, H, P, D]`` bf16, rotated K/V of open pages.
+        page_to_staging: ``[num_pages]`` int32, staging slot of an open page, -1 when sealed.
+        bits, k_group, v_group, rotation: the layer's `OscarConfig` values (``oscar_sgl.supported``).
+    """
+
+    k_codes: torch.Tensor
+    k_params: torch.Tensor
+    v_codes: torch.Tensor
+    v_params: torch.Tensor
+    scale: torch.Tensor | None
+    staging_k: torch.Tensor
+    staging_v: torch.Tensor
+    page_to_staging: torch.Tensor
+    bits: int
+    k_group: int
+    v_group: int
+    rotation: bool = True
+
+
+def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> tuple[int, int, int, int, int, int]:
     """Queries ``[rows, Hq, D]`` (contiguous along D; Hq a multiple of the KV heads H) and the
     layer's pool, staging pages and page map they attend over (``check_pool``, ``check_staging``).
 
@@ -137,29 +162,29 @@ def check_attention_inputs(q: torch.Tensor, k_codes: torch.Tensor, k_params: tor
     if q.dim() != 3 or q.stride(2) != 1:
         raise ValueError(f"q must be [{rows}, Hq, D] contiguous along D, got {tuple(q.shape)}")
     n, hq, d = q.shape
-    _, h, p, s_cols = check_pool(k_codes, k_params, v_codes, v_params, scale, bits=bits, k_group=k_group, v_group=v_group, head_dim=d)
+    L = layer
+    _, h, p, s_cols = check_pool(L.k_codes, L.k_params, L.v_codes, L.v_params, L.scale, bits=L.bits, k_group=L.k_group,
+                                 v_group=L.v_group, head_dim=d)
     if hq % h:
         raise ValueError(f"q must be [{rows}, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
-    check_staging(staging_k, staging_v, None, num_kv_heads=h, head_dim=d, page_size=p)
-    check_int32(page_to_staging=page_to_staging)
+    check_staging(L.staging_k, L.staging_v, None, num_kv_heads=h, head_dim=d, page_size=p)
+    check_int32(page_to_staging=L.page_to_staging)
     return n, hq, d, h, p, s_cols
 
 
-def pool_arguments(k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Tensor, v_params: torch.Tensor,
-                   scale: torch.Tensor | None, staging_k: torch.Tensor, staging_v: torch.Tensor,
-                   page_to_staging: torch.Tensor) -> dict[str, torch.Tensor]:
+def pool_arguments(layer: PagedLayer) -> dict[str, torch.Tensor]:
     """The pool arguments of the attention kernels by parameter name: codes and params as the int32
     views ``tile_raw`` reads, the token scales (any tensor when None: not read with S == 0), the
     staging pages and the page -> staging map."""
     return {
-        "kw_ptr": k_codes.view(torch.int32),
-        "kp_ptr": k_params.flatten(-2).view(torch.int32),
-        "vw_ptr": v_codes.view(torch.int32),
-        "vp_ptr": v_params.flatten(-2).view(torch.int32),
-        "scale_ptr": scale if scale is not None else k_params,
-        "stg_k_ptr": staging_k,
-        "stg_v_ptr": staging_v,
-        "p2s_ptr": page_to_staging,
+        "kw_ptr": layer.k_codes.view(torch.int32),
+        "kp_ptr": layer.k_params.flatten(-2).view(torch.int32),
+        "vw_ptr": layer.v_codes.view(torch.int32),
+        "vp_ptr": layer.v_params.flatten(-2).view(torch.int32),
+        "scale_ptr": layer.scale if layer.scale is not None else layer.k_params,
+        "stg_k_ptr": layer.staging_k,
+        "stg_v_ptr": layer.staging_v,
+        "p2s_ptr": layer.page_to_staging,
     }
 
 

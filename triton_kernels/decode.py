@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
+from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
                      interpreting, log2_exact, pool_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne, use_asm,
                      write_token)
 
@@ -397,22 +397,11 @@ def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: 
 def oscar_decode_attention(
     *,
     q: torch.Tensor,
-    k_codes: torch.Tensor,
-    k_params: torch.Tensor,
-    v_codes: torch.Tensor,
-    v_params: torch.Tensor,
-    scale: torch.Tensor | None,
-    staging_k: torch.Tensor,
-    staging_v: torch.Tensor,
-    page_to_staging: torch.Tensor,
+    layer: PagedLayer,
     kv_indptr: torch.Tensor,
     kv_page_indices: torch.Tensor,
     seq_lens: torch.Tensor,
-    bits: int,
-    k_group: int,
-    v_group: int,
     sm_scale: float,
-    rotation: bool = True,
     q_rot: torch.Tensor | None = None,
     new_k: torch.Tensor | None = None,
     new_v: torch.Tensor | None = None,
@@ -431,17 +420,11 @@ def oscar_decode_attention(
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
-        k_codes, v_codes: ``[num_pages, H, P, D*bits/8]`` uint8 packed codes (docs/LAYOUT.md).
-        k_params: ``[num_pages, H, P/k_group, 2, D]`` fp16; v_params: ``[num_pages, H, P, 2, D/v_group]`` fp16.
-        scale: ``[num_pages, P, S]`` fp32 token scales, or None when token scaling is off.
-        staging_k, staging_v: ``[num_staging, H, P, D]`` bf16, rotated K/V of open pages.
-        page_to_staging: ``[num_pages]`` int32, staging slot of an open page, -1 when sealed.
+        layer: the layer's pool (`PagedLayer`: packed pages, staging, page map, bits, groups, rotation).
         kv_indptr: ``[B + 1]`` int32, request b owns ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``.
         kv_page_indices: int32 page ids, oldest first.
         seq_lens: ``[B]`` int32 tokens per request (>= 1), the current token included.
-        bits, k_group, v_group: the layer's OscarConfig values (``oscar_sgl.supported``); sm_scale:
-            the softmax scale.
-        rotation: whether K/V were rotated (queries get the same rotation, the output the inverse).
+        sm_scale: the softmax scale.
         q_rot: ``[B, Hq, D]`` fp32 rotated queries when an earlier launch produced them; None: the
             rotation is fused into this launch.
         new_k, new_v: ``[B, H, D]`` post-RoPE K/V of the step's token of each request (un-rotated),
@@ -455,8 +438,8 @@ def oscar_decode_attention(
     Returns:
         ``out``, the attention output in the model's basis.
     """
-    b, hq, d, h, p, s_cols = check_attention_inputs(q, k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging,
-                                                    bits=bits, k_group=k_group, v_group=v_group, rows="B")
+    b, hq, d, h, p, s_cols = check_attention_inputs(q, layer, rows="B")
+    bits, k_group, v_group = layer.bits, layer.k_group, layer.v_group
     check_int32(kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens)
     group = hq // h
     log2d = log2_exact(d, "head_dim")
@@ -465,7 +448,7 @@ def oscar_decode_attention(
     if write:
         if new_k is None or new_v is None or new_loc is None:
             raise ValueError("the fused write needs new_k, new_v and new_loc together")
-        check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d, page_size=p, scale_columns=s_cols)
+        check_staging(layer.staging_k, layer.staging_v, staging_scale, num_kv_heads=h, head_dim=d, page_size=p, scale_columns=s_cols)
         if new_k.shape != (b, h, d) or new_v.shape != (b, h, d) or new_k.stride(2) != 1 or new_v.stride(2) != 1:
             raise ValueError(f"new_k / new_v must be [B={b}, H={h}, D={d}] contiguous along D, got "
                              f"{tuple(new_k.shape)} / {tuple(new_v.shape)}")
@@ -501,7 +484,7 @@ def oscar_decode_attention(
     options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
     _decode_stage1_kernel[(b, h, num_splits + 1)](
         qrot_ptr=q_rot if q_rot is not None else q_scratch,
-        **pool_arguments(k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging),
+        **pool_arguments(layer),
         kv_indptr_ptr=kv_indptr,
         page_idx_ptr=kv_page_indices,
         seq_lens_ptr=seq_lens,
@@ -539,7 +522,7 @@ def oscar_decode_attention(
         ROT_Q=q_rot is None,
         WRITE=write,
         MERGE=fused_merge,
-        ROTATE=rotation,
+        ROTATE=layer.rotation,
         LOG2D=log2d,
         INV_SQRT_D=1.0 / math.sqrt(d),
         BLOCK_G=block_g,

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
+from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
                      log2_exact, pool_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
 from .write import oscar_rotate_q
 
@@ -196,22 +196,11 @@ def oscar_extend_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     qo_indptr: torch.Tensor,
-    k_codes: torch.Tensor,
-    k_params: torch.Tensor,
-    v_codes: torch.Tensor,
-    v_params: torch.Tensor,
-    scale: torch.Tensor | None,
-    staging_k: torch.Tensor,
-    staging_v: torch.Tensor,
-    page_to_staging: torch.Tensor,
+    layer: PagedLayer,
     kv_indptr: torch.Tensor,
     kv_page_indices: torch.Tensor,
     prefix_lens: torch.Tensor,
-    bits: int,
-    k_group: int,
-    v_group: int,
     sm_scale: float,
-    rotation: bool = True,
     q_rot: torch.Tensor | None = None,
     max_new_tokens: int | None = None,
     out: torch.Tensor | None = None,
@@ -223,20 +212,20 @@ def oscar_extend_attention(
         q: ``[T, Hq, D]`` post-RoPE queries of the new tokens of all requests, concatenated.
         k, v: ``[T, H, D]`` their keys/values (un-rotated; bf16 or fp16 on CUDA).
         qo_indptr: ``[B + 1]`` int32, request b's new tokens are rows ``qo_indptr[b]:qo_indptr[b+1]``.
-        k_codes .. page_to_staging: the layer's pool, as in ``oscar_decode_attention``.
+        layer: the layer's pool (`PagedLayer`), as in ``oscar_decode_attention``.
         kv_indptr, kv_page_indices: int32, request b's prefix pages ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``
             (at least ``cdiv(prefix_lens[b], P)`` of them).
         prefix_lens: ``[B]`` int32 cached tokens before the new ones (0: a fresh prompt, exact attention).
             Full prefix pages are sealed (packed) or open (staging); a partial last page is open.
-        bits, k_group, v_group, sm_scale, rotation: as in ``oscar_decode_attention``.
+        sm_scale: the softmax scale.
         q_rot: ``[T, Hq, D]`` fp32 rotated queries (e.g. from ``oscar_write_kv``); computed when None.
         max_new_tokens: the largest new-token count of a request; read from ``qo_indptr`` (a host
             synchronization) when None.
         out: ``[T, Hq, D]`` destination, dtype of q when allocated here.
         _tuning: tests and benchmarks only: an ``_ExtendTuning`` instead of ``_default_tuning``'s.
     """
-    t, hq, d, h, p, s_cols = check_attention_inputs(q, k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging,
-                                                    bits=bits, k_group=k_group, v_group=v_group, rows="T")
+    t, hq, d, h, p, s_cols = check_attention_inputs(q, layer, rows="T")
+    bits, k_group, v_group, rotation = layer.bits, layer.k_group, layer.v_group, layer.rotation
     if k.shape != (t, h, d) or v.shape != (t, h, d) or k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError(f"k and v must be [T={t}, H={h}, D={d}] contiguous along D")
     if k.dtype != v.dtype:
@@ -267,7 +256,7 @@ def oscar_extend_attention(
         k_ptr=k,
         v_ptr=v,
         o_ptr=out,
-        **pool_arguments(k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, page_to_staging),
+        **pool_arguments(layer),
         qo_indptr_ptr=qo_indptr,
         kv_indptr_ptr=kv_indptr,
         page_idx_ptr=kv_page_indices,

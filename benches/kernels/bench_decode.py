@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from oscar_sgl.config import OscarConfig
-from oscar_sgl.kernels import decode_workspace, oscar_decode_attention, oscar_extend_attention, oscar_seal, oscar_write_kv
+from oscar_sgl.kernels import PagedLayer, decode_workspace, oscar_decode_attention, oscar_extend_attention, oscar_seal, oscar_write_kv
 from oscar_sgl.kernels import decode as _dec
 from oscar_sgl.kernels import extend as _ext
 
@@ -153,9 +153,10 @@ class OscarSetup:
         self.out = torch.empty(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
 
     def pool(self):
-        return dict(k_codes=self.k_codes, k_params=self.k_params, v_codes=self.v_codes, v_params=self.v_params,
-                    scale=self.scale, staging_k=self.staging_k, staging_v=self.staging_v, page_to_staging=self.p2s,
-                    bits=self.bits, k_group=32, v_group=32)  # fmt: skip
+        return dict(layer=PagedLayer(k_codes=self.k_codes, k_params=self.k_params, v_codes=self.v_codes,
+                                     v_params=self.v_params, scale=self.scale, staging_k=self.staging_k,
+                                     staging_v=self.staging_v, page_to_staging=self.p2s, bits=self.bits, k_group=32,
+                                     v_group=32))  # fmt: skip
 
     def kv_bytes(self) -> int:
         """HBM bytes of one call's KV: sealed pages (codes + params + s_t) and the open BF16 page."""

@@ -107,7 +107,13 @@ class Pool:
         return self.k_blocks[b][:sealed], self.v_blocks[b][:sealed], self.k_tail[b][:, :rest], self.v_tail[b][:, :rest]
 
     def pool_kwargs(self) -> dict:
-        return dict(
+        """The launchers' ``layer`` argument."""
+        return dict(layer=self.layer())
+
+    def layer(self):
+        from oscar_sgl.kernels import PagedLayer
+
+        return PagedLayer(
             k_codes=self.k_codes,
             k_params=self.k_params,
             v_codes=self.v_codes,

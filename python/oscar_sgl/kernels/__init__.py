@@ -14,12 +14,14 @@ are ``oscar_sgl.supported.check_kernel_shape``. Importing this package needs ``t
 ``import oscar_sgl`` does not.
 """
 
+from .common import PagedLayer
 from .decode import decode_num_splits, decode_workspace, oscar_decode_attention, pick_num_splits
 from .extend import oscar_extend_attention
 from .seal import oscar_seal
 from .write import oscar_rotate_q, oscar_write_kv
 
 __all__ = [
+    "PagedLayer",
     "decode_num_splits",
     "decode_workspace",
     "oscar_decode_attention",

@@ -106,7 +106,7 @@ class OscarAttnBackendMixin:
         """The captured body of one layer: no host work, every buffer fixed per batch size."""
         from .. import kernels as K
 
-        pool, cfg = self.token_to_kv_pool, self.cfg
+        pool = self.token_to_kv_pool
         li = layer.layer_id - pool.start_layer
         hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         q_ = q.reshape(-1, hq, d)
@@ -116,12 +116,9 @@ class OscarAttnBackendMixin:
         if ws is None:  # first seen in the warm-up runs before the capture
             ws = self._g_workspaces[bs] = K.decode_workspace(bs, hq, h, d, splits, q.device)
         out = K.oscar_decode_attention(
-            q=q_.contiguous(), k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
-            v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
-            staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
+            q=q_.contiguous(), layer=pool.paged_layer(li),
             kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
-            bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
-            new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
+            sm_scale=layer.scaling, new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
             staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None,
             workspace=ws,
         )
@@ -233,7 +230,7 @@ class OscarAttnBackendMixin:
                          pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
         from .. import kernels as K
 
-        pool, cfg = self.token_to_kv_pool, self.cfg
+        pool = self.token_to_kv_pool
         li = layer.layer_id - pool.start_layer
         hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         self.step.begin()
@@ -246,13 +243,8 @@ class OscarAttnBackendMixin:
             pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)  # write launch + seal launch
         meta = self._kernel_meta(fb, pre, seq, decode)
         q_ = q.reshape(-1, hq, d).contiguous()
-        common = dict(
-            k_codes=pool.k_codes[li], k_params=pool.k_params[li], v_codes=pool.v_codes[li],
-            v_params=pool.v_params[li], scale=pool.scales[li] if pool.scales is not None else None,
-            staging_k=pool.stage_k[li], staging_v=pool.stage_v[li], page_to_staging=pool.page_map,
-            kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"], bits=cfg.bits,
-            k_group=cfg.k_group, v_group=cfg.v_group, sm_scale=layer.scaling, rotation=cfg.rotation,
-        )
+        common = dict(layer=pool.paged_layer(li), kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"],
+                      sm_scale=layer.scaling)
         if fused:
             out = K.oscar_decode_attention(
                 q=q_, seq_lens=meta["seq_lens"], new_k=k_new, new_v=v_new, new_loc=loc,

@@ -316,6 +316,16 @@ class OscarKVPoolMixin:
         self._seal_kernels(li)
         self.oscar_step.end_layer(li, self.layer_num)
 
+    def paged_layer(self, li: int) -> Any:
+        """Layer ``li`` as the attention kernels read it (`oscar_sgl.kernels.PagedLayer`)."""
+        from ..kernels import PagedLayer
+
+        cfg = self.oscar_config
+        return PagedLayer(k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
+                          v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,
+                          staging_k=self.stage_k[li], staging_v=self.stage_v[li], page_to_staging=self.page_map,
+                          bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, rotation=cfg.rotation)
+
     def oscar_graph_seal(self, li: int) -> None:
         """The captured seal launch of layer ``li`` over the step's fixed CUDA-graph plan buffer."""
         self._seal_kernels(li, plan=self.oscar_step.graph_plan)
