@@ -101,7 +101,7 @@ def perplexity(
     if prefix < 1 or score < 1:
         raise ValueError(f"need prefix >= 1 and score >= 1 tokens, got prefix={prefix}, score={score}")
     for cfg in configs:
-        check_quality_model(cfg, model.config)
+        _, heads, head_dim = check_quality_model(cfg, model.config)
     targets = ids[0, prefix:]
     bar = _bar(score * (len(configs) + 1), progress)
     with torch.inference_mode():
