@@ -15,19 +15,35 @@ from oscar_sgl.kernels import extend as kextend
 from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
 
-def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, open_full=(), tune=None):
-    """cases: (prefix_len, new_tokens) per request; a full last prefix page is sealed unless the
-    request is in ``open_full``. ``tune``: fields of the launcher's default ``_ExtendTuning`` to
-    override (``block_m``, ``num_warps``)."""
+def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False):
+    """cases: (prefix_len, new_tokens) per request. ``tune``: fields of the launcher's default
+    ``_ExtendTuning`` to override (``block_m``, ``num_warps``).
+
+    ``position=False`` (``--oscar-prefill exact``): the pool holds the prefix (full pages sealed, a
+    partial last page in staging); the new tokens come from the step's own k/v.
+    ``position=True``: the pool holds the whole sequence as the server's pool does when attention
+    runs (the write and the seals of the step done): every page below the last token's page sealed,
+    the page holding the prefix's end also still in staging when the step filled it; the new
+    tokens' k/v are the pool's own (BF16)."""
     gen = torch.Generator().manual_seed(seed)
-    # the pool holds the prefix; the new tokens come from the step's own k/v
-    sealed_last = {b for b, (pre, _) in enumerate(cases) if pre and pre % p == 0 and b not in open_full}
-    pool = build_pool(cfg, h=h, d=d, p=p, lens=[max(pre, 1) for pre, _ in cases], last_sealed=sealed_last, device=device, seed=seed)
+    if position:
+        lens = [pre + n for pre, n in cases]
+        also = {b: pre // p for b, (pre, n) in enumerate(cases) if pre % p and pre // p < (pre + n - 1) // p}
+        pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, device=device, seed=seed, stage_also=also)
+    else:
+        sealed_last = {b for b, (pre, _) in enumerate(cases) if pre and pre % p == 0}
+        pool = build_pool(cfg, h=h, d=d, p=p, lens=[max(pre, 1) for pre, _ in cases], last_sealed=sealed_last,
+                          device=device, seed=seed)
     qs, ks, vs, qo = [], [], [], [0]
-    for _, n in cases:
+    for b, (pre, n) in enumerate(cases):
         qs.append(torch.randn(n, h * group, d, generator=gen).bfloat16())
-        ks.append(torch.randn(n, h, d, generator=gen).bfloat16())
-        vs.append(torch.randn(n, h, d, generator=gen).bfloat16())
+        if position:
+            k_raw, v_raw = pool.raw[b]
+            ks.append(k_raw[:, pre:].transpose(0, 1).bfloat16().contiguous())
+            vs.append(v_raw[:, pre:].transpose(0, 1).bfloat16().contiguous())
+        else:
+            ks.append(torch.randn(n, h, d, generator=gen).bfloat16())
+            vs.append(torch.randn(n, h, d, generator=gen).bfloat16())
         qo.append(qo[-1] + n)
     q, k, v = (torch.cat(x).to(device) for x in (qs, ks, vs))
     out = torch.full(q.shape, float("nan"), device=device)
@@ -44,25 +60,86 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         q=q, k=k, v=v, qo_indptr=torch.tensor(qo, dtype=torch.int32, device=device), **pool.pool_kwargs(),
         kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
         prefix_lens=torch.tensor([pre for pre, _ in cases], dtype=torch.int32, device=device),
-        sm_scale=sm, q_rot=q_rot, out=out, _tuning=tuning,
+        sm_scale=sm, q_rot=q_rot, out=out, position=position, _tuning=tuning,
     )  # fmt: skip
     refs = []
-    for b, (pre, _) in enumerate(cases):
-        kbs, vbs, k_open, v_open = pool.prefix(b, pre)  # the prefix, then the step's own tokens, exact
+    for b, (pre, n) in enumerate(cases):
+        if position:  # codes below each query's own page, its own page exact
+            below = (pre + n - 1) // p
+            kbs, vbs = pool.k_blocks[b][:below], pool.v_blocks[b][:below]
+            _, k_st, v_st = pool.also_staged.get(b, (None, pool.k_tail[b], pool.v_tail[b]))
+            k_open, v_open = k_st[:, : pre % p], v_st[:, : pre % p]
+            until = [x // p * p for x in range(pre, pre + n)]
+        else:  # the prefix as cached, then the step's own tokens, exact
+            kbs, vbs, k_open, v_open = pool.prefix(b, pre)
+            until = None
         k_exact = torch.cat((k_open, ks[b].float().transpose(0, 1)), dim=1)
         v_exact = torch.cat((v_open, vs[b].float().transpose(0, 1)), dim=1)
-        refs.append(R.extend_attention(qs[b].float(), kbs, vbs, k_exact, v_exact, cfg, sm))
+        refs.append(R.extend_attention(qs[b].float(), kbs, vbs, k_exact, v_exact, cfg, sm,
+                                       exact_from=pre // p * p, sealed_until=until))
     return rel_rms(out, torch.cat(refs))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("d,group,p", [(64, 1, 32), (128, 4, 64), (64, 3, 32)])
+def test_extend_by_position_matches_reference(bits, d, group, p):
+    """Each row reads codes below its own page and its own page exactly (the server's default):
+    a fresh prompt over several pages; a page-aligned prefix; a prefix ending inside a page that
+    the chunk fills (staged and sealed) and crosses two more; a chunk inside the prefix's page;
+    one token; a chunk ending on a page boundary."""
+    cfg = OscarConfig(bits=bits, page_size=p)
+    cases = [(0, 2 * p + 5), (p, p + 3), (p + 13, 2 * p + 1), (p + 3, 7), (2 * p, 1), (5, 2 * p - 5)]
+    err = _run(cfg, h=2, group=group, d=d, p=p, cases=cases, seed=bits + d + group + 1, position=True)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+def test_extend_by_position_row_boundaries_inside_one_program():
+    """Rows of one program on both sides of a page boundary (32 tokens per program, pages of 32,
+    prefix 20: a boundary after 12 rows), GQA 8, several programs per request."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    err = _run(cfg, h=1, group=8, d=64, p=32, cases=[(20, 90), (0, 33)], seed=21, position=True,
+               tune=dict(block_m=256))
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+def test_extend_by_position_is_chunking_invariant():
+    """One 100-token sequence in one chunk, in chunks of 40 / 60, and token by token: each token's
+    output is the same (what makes the server's answer independent of --chunked-prefill-size)."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    h, group, d, p, n = 2, 2, 64, 32, 100
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[n], seed=22, stage_also={0: 1})  # page 1: prefix 40 ends in it
+    gen = torch.Generator().manual_seed(23)
+    q = torch.randn(n, h * group, d, generator=gen).bfloat16().to(DEVICE)
+    k_all = pool.raw[0][0].transpose(0, 1).bfloat16().contiguous().to(DEVICE)
+    v_all = pool.raw[0][1].transpose(0, 1).bfloat16().contiguous().to(DEVICE)
+    sm = 1.0 / math.sqrt(d)
+
+    def chunk(pre, m):
+        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
+        return oscar_extend_attention(
+            q=q[pre:pre + m].contiguous(), k=k_all[pre:pre + m].contiguous(), v=v_all[pre:pre + m].contiguous(),
+            qo_indptr=i32([0, m]), **pool.pool_kwargs(), kv_indptr=pool.kv_indptr,
+            kv_page_indices=pool.kv_page_indices, prefix_lens=i32([pre]), sm_scale=sm, position=True,
+        )  # fmt: skip
+
+    whole = chunk(0, n)
+    # a chunk that starts inside page 1 (tokens 40..99): its prefix's tokens of page 1 come from
+    # staging (BF16) where the whole chunk read its own k/v (BF16 too): the same values
+    halves = torch.cat((chunk(0, 40), chunk(40, 60)))
+    assert torch.equal(whole[:32], halves[:32])  # rows of page 0: the same reads, the same tiles
+    assert rel_rms(halves, whole) < 1e-2
+    one_by_one = torch.cat([chunk(i, 1) for i in range(96, 100)])
+    assert rel_rms(one_by_one, whole[96:]) < 1e-2
 
 
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("d,group,p", [(64, 1, 32), (128, 4, 64), (64, 3, 32)])
 def test_extend_matches_reference(bits, d, group, p):
     cfg = OscarConfig(bits=bits, page_size=p)
-    # fresh prompt; a sealed prefix; a sealed + open (partial) prefix; one new token after 2 pages
-    # and a full prefix page still open in staging (not sealed yet)
+    # --oscar-prefill exact: fresh prompt; a sealed prefix; a sealed + open (partial) prefix; one
+    # new token after 2 pages
     cases = [(0, 37), (p, 5), (p + 13, 20), (2 * p, 1), (2 * p, 3)]
-    err = _run(cfg, h=2, group=group, d=d, p=p, cases=cases, seed=bits + d + group, open_full={4})
+    err = _run(cfg, h=2, group=group, d=d, p=p, cases=cases, seed=bits + d + group)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 

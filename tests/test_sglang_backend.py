@@ -25,11 +25,11 @@ H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
 CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
 
 
-def _setup(max_tokens=256):
+def _setup(max_tokens=256, prefill="position"):
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    pool = pool_class_for(CFG, max_running_requests=4)(
+    pool = pool_class_for(CFG, max_running_requests=4, prefill=prefill)(
         max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
         device="cpu", enable_memory_saver=False,
     )
@@ -48,10 +48,11 @@ def _batch(row, slots, prefix, seq):
     )
 
 
-def _expected(q, k_all, v_all, pos, step_start):
+def _expected(q, k_all, v_all, pos, step_start, prefill):
     """reference.decode_attention for the query at `pos` of a step starting at `step_start`: the pages
-    sealed before the step quantized, everything after them exact (a fresh prompt is exact)."""
-    own = step_start // P * P
+    below its own page quantized and its page exact (`position`), or the pages sealed before the
+    step quantized and everything after them exact (`exact`: a fresh prompt is exact)."""
+    own = (pos if prefill == "position" else step_start) // P * P
     kbs, vbs = [], []
     for s in range(0, own, P):
         kb, vb = ref.seal(k_all[:, s:s + P], v_all[:, s:s + P], CFG)
@@ -60,10 +61,11 @@ def _expected(q, k_all, v_all, pos, step_start):
     return ref.decode_attention(q, kbs, vbs, k_all[:, own:pos + 1], v_all[:, own:pos + 1], CFG, D ** -0.5)
 
 
+@pytest.mark.parametrize("mode", ["position", "exact"])
 @pytest.mark.parametrize("prefill", [37, 32, 5])
-def test_extend_then_decode_equals_reference(prefill):
+def test_extend_then_decode_equals_reference(prefill, mode):
     torch.manual_seed(prefill)
-    pool, alloc, r2t, backend, layers = _setup()
+    pool, alloc, r2t, backend, layers = _setup(prefill=mode)
     total = prefill + 20
     slots = torch.zeros(total, dtype=torch.int64)
     k_all = torch.randn(LAYERS, H, total, D) * torch.linspace(0.5, 4, total)[None, None, :, None]
@@ -93,11 +95,11 @@ def test_extend_then_decode_equals_reference(prefill):
             fwd = backend.forward_decode if decode else backend.forward_extend
             o = fwd(q, k, v, layer, fb).reshape(seq - prefix, HQ, D)
             for i, pos in enumerate(range(prefix, seq)):
-                want = _expected(q_all[li, pos], k_all[li], v_all[li], pos, prefix)
+                want = _expected(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode)
                 torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
 
-    step(0, prefill, decode=False)  # a fresh prompt: exact attention
-    step(prefill, prefill + 9, decode=False)  # a prefix-cache hit / chunked prefill: sealed pages + exact rest
+    step(0, prefill, decode=False)  # a fresh prompt (exact attention with `exact`)
+    step(prefill, prefill + 9, decode=False)  # a prefix-cache hit / chunked prefill
     for s in range(prefill + 9, total):
         step(s, s + 1, decode=True)
     # Sealed pages hold exactly the reference bytes.

@@ -32,12 +32,12 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
 
 
 def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype, direct_seals: bool = True,
-           tokens: int = 128):
+           tokens: int = 128, prefill: str = "position"):
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
     pool = pool_class_for(cfg, max_running_requests=2, max_prefill_tokens=64, use_kernels=use_kernels,
-                          direct_seals=direct_seals)(
+                          direct_seals=direct_seals, prefill=prefill)(
         tokens, page_size=P, dtype=dtype, head_num=H, head_dim=D, layer_num=LAYERS, device=device,
         enable_memory_saver=False,
     )
@@ -96,8 +96,9 @@ def _run(st, k_all, v_all, q_all, steps, graph=False):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bits,scope", [(2, "layer"), (4, "head")])
-def test_kernel_path_matches_reference_path(bits, scope, device):
+@pytest.mark.parametrize("bits,scope,prefill", [(2, "layer", "position"), (4, "head", "position"),
+                                                (2, "layer", "exact")])
+def test_kernel_path_matches_reference_path(bits, scope, prefill, device):
     torch.manual_seed(bits)
     # The model's dtype: fp32 on CPU (the interpreter), bf16 on CUDA (what the kernels take there).
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -112,7 +113,7 @@ def test_kernel_path_matches_reference_path(bits, scope, device):
     # that fills at position 63 is read from staging in that step and as codes from the next on).
     steps = [(False, [0, 0], [41, 7]), (False, [41, 7], [62, 19])]
     steps += [(True, [62 + i, 19 + i], [63 + i, 20 + i]) for i in range(3)]
-    ref_st, ker_st = _stack(cfg, False, device, dtype), _stack(cfg, True, device, dtype)
+    ref_st, ker_st = _stack(cfg, False, device, dtype, prefill=prefill), _stack(cfg, True, device, dtype, prefill=prefill)
     assert not ref_st.pool.use_kernels and ker_st.pool.use_kernels
     ref_out, ref_slots = _run(ref_st, k_all, v_all, q_all, steps)
     ker_out, ker_slots = _run(ker_st, k_all, v_all, q_all, steps)

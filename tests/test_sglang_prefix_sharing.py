@@ -5,8 +5,9 @@ A small scheduler (`sglang_support.scheduler`) drives SGLang's `RadixCache` and 
 the way SGLang's scheduler does (match -> lock -> alloc_extend / alloc_decode -> forward -> insert +
 free duplicates -> relock / unlock -> evict). The forward is the real backend over the real pool: `init_forward_metadata` makes
 the step's one runtime call, every layer writes its K/V into staging and seals the plan's pages, and
-attention must equal the reference with the server's sealing schedule (pages sealed before a step
-read as codes, the rest exact). K/V/Q of a token depend only on (layer, token, position), so a
+attention must equal the reference with the server's sealing schedule (by default the pages below
+a token's own page read as codes, its page exact; with `--oscar-prefill exact` the pages sealed
+before the step as codes, the rest exact). K/V/Q of a token depend only on (layer, token, position), so a
 request that reuses another's sealed pages must get exactly the same answers as if it had computed
 them. Shared sealed pages are never rewritten; eviction, abort and retraction give every page and
 staging page back.
@@ -55,11 +56,12 @@ def kvq(tokens: list[int], start: int, end: int, li: int) -> tuple[torch.Tensor,
     return KT[li, ids] * gain, VT[li, ids], QT[li, ids]
 
 
-def expected(tokens: list[int], pos: int, step_start: int, li: int) -> torch.Tensor:
-    """The reference for the query at `pos` of a step starting at `step_start`."""
+def expected(tokens: list[int], pos: int, step_start: int, li: int, mode: str = "position") -> torch.Tensor:
+    """The reference for the query at `pos` of a step starting at `step_start`: with `--oscar-prefill
+    position` (the default) a function of the tokens up to `pos` alone, whatever the step."""
     k, v, q = kvq(tokens, 0, pos + 1, li)
     k, v = k.transpose(0, 1), v.transpose(0, 1)
-    own = step_start // P * P
+    own = (pos if mode == "position" else step_start) // P * P
     kbs, vbs = [], []
     for s in range(0, own, P):
         kb, vb = ref.seal(k[:, s:s + P], v[:, s:s + P], CFG)
@@ -71,12 +73,14 @@ def expected(tokens: list[int], pos: int, step_start: int, li: int) -> torch.Ten
 class Server(FakeScheduler):
     """The fake scheduler over one OScaR pool + allocator + the `oscar` backend."""
 
-    def __init__(self, kind: str, *, pages: int, max_requests: int = 4, metrics: bool = False) -> None:
+    def __init__(self, kind: str, *, pages: int, max_requests: int = 4, metrics: bool = False,
+                 prefill: str = "position") -> None:
         from oscar_sgl.sglang.pool import pool_class_for
 
         size = pages * P
+        self.mode = prefill
         self.pool = pool_class_for(CFG, max_running_requests=max_requests, max_prefill_tokens=64,
-                                   enable_metrics=metrics)(
+                                   enable_metrics=metrics, prefill=prefill)(
             size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
             device="cpu", enable_memory_saver=False,
         )
@@ -109,7 +113,7 @@ class Server(FakeScheduler):
             at = 0
             for r, p, s in zip(reqs, pre, seq):
                 for pos in range(p, s):
-                    torch.testing.assert_close(o[at], expected(r.tokens, pos, p, li), atol=3e-5, rtol=3e-5)
+                    torch.testing.assert_close(o[at], expected(r.tokens, pos, p, li, self.mode), atol=3e-5, rtol=3e-5)
                     at += 1
                     self.checked += 1
         self.rt.check()
@@ -137,9 +141,10 @@ def _prompt(base: int, n: int) -> list[int]:
     return [base * 31 + i for i in range(n)]
 
 
+@pytest.mark.parametrize("mode", ["position", "exact"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_shared_prefix_eviction_abort(kind: str) -> None:
-    srv = Server(kind, pages=24)
+def test_shared_prefix_eviction_abort(kind: str, mode: str) -> None:
+    srv = Server(kind, pages=24, prefill=mode)
     shared = _prompt(1, 19)
     # A: chunked prefill (8 + 8 + 6 tokens), decode, finish: its whole pages go to the tree.
     a = srv.admit(shared + [3, 3, 3], gen=6, chunk=8)
@@ -337,7 +342,7 @@ def test_metrics_describe_the_state_after_the_step() -> None:
         k, v, q = kvq(b.tokens, 16, 22, li)
         o = srv.backend.forward_extend(q.reshape(-1, HQ * D), k, v, layer, fb).reshape(-1, HQ, D)
         for j, pos in enumerate(range(16, 22)):
-            torch.testing.assert_close(o[j], expected(b.tokens, pos, 16, li), atol=3e-5, rtol=3e-5)
+            torch.testing.assert_close(o[j], expected(b.tokens, pos, 16, li, srv.mode), atol=3e-5, rtol=3e-5)
     after_step(srv.pool, srv.alloc)
     assert snapshot(srv.pool, srv.alloc)["locked_pages"] == 2  # B still holds the shared prefix
     for _ in range(2):

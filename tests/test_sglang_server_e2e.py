@@ -4,9 +4,10 @@ concurrent clients), then the same prompts on the same server without `--kv-cach
 
 Measures (stated):
 1. Server vs the reference: the same converted weights run through transformers with `OscarCache`
-   under the server's sealing schedule (the radix-cached prefix sealed, the rest of the prompt
-   exact, then page-by-page seals) must give the same greedy tokens: the first 8 of 16 on every
-   probe, all 16 on at least 3 of 4 (fp32 kernels differ, a near-tie may flip late).
+   under the server's sealing schedule (each token over the sealed pages below its own page and its
+   page exact, whatever part of the prompt the radix cache held, then page-by-page seals) must give
+   the same greedy tokens: the first 8 of 16 on every probe, all 16 on at least 3 of 4 (fp32
+   kernels differ, a near-tie may flip late).
 2. Server with vs without `--kv-cache oscar`: for each of 4 greedy probes, the common token prefix of
    the two 16-token completions as a fraction of 16. At INT2 with 32-token pages (a 32-token BF16
    window) on a 135M model this is low by nature (measured [0.5, 0.5, 0.0, 0.0625]: the probes reuse
@@ -65,20 +66,20 @@ def _greedy_ids(server, prompt):
     return [t[1] for t in r["meta_info"]["output_token_logprobs"]], r["meta_info"].get("cached_tokens", 0)
 
 
-def _oscar_reference_ids(model, tok, prompt, cached, cfg):
-    """What the server must produce: the transformers model with `OscarCache`, with the server's
-    sealing schedule (the `cached` prefix tokens came from the radix cache as sealed pages, the rest
-    of the prompt attends exactly, then decoding seals page by page)."""
+def _oscar_reference_ids(model, tok, prompt, cfg):
+    """What the server must produce: the transformers model with `OscarCache`, each prompt token
+    attending to the sealed pages below its own page and its page exactly (`--oscar-prefill
+    position`, fed in page-aligned chunks), then decoding with page-by-page seals. Whatever part of
+    the prompt came from the radix cache makes no difference."""
     import torch
 
     from oscar_sgl import OscarCache
+    from oscar_sgl.evaluate import position_logits
 
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
     cache = OscarCache(model.config, cfg)
+    position_logits(model, ids[:, :-1], cache)
     with torch.inference_mode():
-        if cached:
-            model(ids[:, :cached], past_key_values=cache)
-            cache.flush()
         out = model.generate(ids, past_key_values=cache, max_new_tokens=MAX_TOKENS, do_sample=False,
                              eos_token_id=None, pad_token_id=tok.eos_token_id)
     return out[0, ids.shape[1]:].tolist()
@@ -158,7 +159,7 @@ def test_oscar_server_end_to_end(model_path):
     cfg = OscarConfig(bits=2, k_group=32, v_group=32, page_size=32)
     same = []
     for q in PROBES:
-        want = _oscar_reference_ids(model, tok, _probe_prompt(q), cached[q], cfg)
+        want = _oscar_reference_ids(model, tok, _probe_prompt(q), cfg)
         got = oscar_out[q]
         same.append(next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), MAX_TOKENS))
     print("server vs reference: matching greedy tokens per probe", same, "cached prefix", list(cached.values()))

@@ -557,7 +557,8 @@ def tile_raw(page, t0, i_h, s_col, valid, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_
 
 @triton.jit
 def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.constexpr, BITS: tl.constexpr,
-               G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr):
+               G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr,
+               row_ok=None):
     """One online-softmax step over a sealed tile given its stored bytes (``tile_raw``): keys and
     values dequantized in registers (fp16, one rounding), logits ``s_t * <q, k_bar> * sm_scale``
     (base 2).
@@ -567,7 +568,10 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     tokens are the M side of both products and the query heads the N side (``S^T = K Q^T``,
     ``O^T += V^T P^T``), so a GQA group of 4 pads to 8 columns instead of 16 rows: half the
     tensor-core instructions, exponentials and accumulator registers; ``q`` ``[D, G]``, ``acc``
-    ``[D, G]``, ``m_i`` / ``l_i`` ``[G]``."""
+    ``[D, G]``, ``m_i`` / ``l_i`` ``[G]``.
+
+    ``row_ok`` (``[M]`` bool, rows only): the rows that see this tile (the others keep their state;
+    extend's per-row sealed boundary). A row that has seen nothing yet stays empty, never NaN."""
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
@@ -586,13 +590,26 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
         acc = acc * alpha[None, :] + tl.dot(v_t, b_p.to(tl.float16))
     else:
         b_s = tl.dot(q, tl.trans(b_k)) * b_st[None, :]
+        if row_ok is not None:
+            b_s = tl.where(row_ok[:, None], b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        b_p = tl.exp2(b_s - m_new[:, None])
+        m_ref = safe_max(m_new, row_ok)
+        alpha = tl.exp2(m_i - m_ref)
+        b_p = tl.exp2(b_s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(b_p, axis=1)
         b_v = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, False)
         acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def safe_max(m_new, row_ok=None):
+    """The running maximum to subtract: ``m_new``, or 0 where a row has seen no key yet (``-inf``)
+    when some rows may be masked (``row_ok`` given), so that its ``exp2`` terms are 0, not NaN."""
+    if row_ok is not None:
+        return tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        return m_new
 
 
 @triton.jit
@@ -621,13 +638,15 @@ def sealed_tile(
     BLOCK_N: tl.constexpr,
     USE_ASM: tl.constexpr,
     TRANS: tl.constexpr = False,
+    row_ok=None,
 ):
     """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against the queries
-    ``q``: ``tile_raw`` then ``attend_raw`` (shapes there). The loads are plain blocks, which
-    Triton's software pipeliner prefetches when the caller's loop allows it."""
+    ``q``: ``tile_raw`` then ``attend_raw`` (shapes and ``row_ok`` there). The loads are plain
+    blocks, which Triton's software pipeliner prefetches when the caller's loop allows it."""
     kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
                                   H, D, BITS, P, G_K, G_V, S, BLOCK_N)
-    return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)
+    return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
+                      row_ok)
 
 
 @triton.jit
@@ -649,6 +668,7 @@ def staging_tile(
     BLOCK_T: tl.constexpr,
     BF16_DOT: tl.constexpr,
     TRANS: tl.constexpr = False,
+    row_ok=None,
 ):
     """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, read BF16 (rotated)
     from staging slot ``stg``, against bf16 rotated queries ``qb`` in channel order: ``[M, D]`` rows,
@@ -656,6 +676,7 @@ def staging_tile(
 
     ``BF16_DOT=False`` (interpreter) upcasts the operands to fp32 after a round-to-nearest bf16
     rounding: the interpreter's dot multiplies the raw bits of bf16 operands and its cast truncates.
+    ``row_ok`` (rows only): as in ``attend_raw``.
     """
     o_t = t0 + tl.arange(0, BLOCK_T)
     m_t = o_t < n_valid
@@ -682,10 +703,14 @@ def staging_tile(
             b_s = tl.dot(qb, tl.trans(b_k))
         else:
             b_s = tl.dot(qb.to(tl.float32), tl.trans(b_k.to(tl.float32)))
-        b_s = tl.where(m_t[None, :], b_s * sm_scale_log2, float("-inf"))
+        if row_ok is not None:
+            b_s = tl.where(m_t[None, :] & row_ok[:, None], b_s * sm_scale_log2, float("-inf"))
+        else:
+            b_s = tl.where(m_t[None, :], b_s * sm_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        b_p = tl.exp2(b_s - m_new[:, None])
+        m_ref = safe_max(m_new, row_ok)
+        alpha = tl.exp2(m_i - m_ref)
+        b_p = tl.exp2(b_s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(b_p, axis=1)
         b_v = tl.load(stg_v_ptr + o_tok[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
         if BF16_DOT:

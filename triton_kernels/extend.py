@@ -1,15 +1,20 @@
-"""Extend (prefill) attention with a cached prefix: new tokens over the sealed prefix + themselves.
+"""Extend (prefill) attention with a cached prefix: new tokens over the sealed pages + exact tokens.
 
 Grid ``(B, H, cdiv(max_new, BLOCK_M / GP))``: a program takes the GQA query heads of KV head h
 (``GP`` = GROUP rounded up to a power of two) for ``BLOCK_M / GP`` consecutive new tokens, so one
-dequantized prefix tile serves ``BLOCK_M`` query rows (row r: token r // GP, head r % GP).
-The prefix (``prefix_lens[b]`` tokens on the request's first pages) is read as the decode kernel
-reads it, in the rotated basis: sealed pages packed (keys folded into the query, values
-dequantized in registers, logits times s_t), an open page BF16 from staging. The new tokens are
-read from the step's own ``k``/``v`` (un-rotated, in the model's basis) with a causal mask, so a
-fresh prompt (no prefix) is plain exact attention. The two parts share one online softmax and keep
-two accumulators, one per basis; the rotated one is turned back (``H_D`` is its own inverse) and
-added at the end.
+dequantized page tile serves ``BLOCK_M`` query rows (row r: token r // GP, head r % GP).
+
+Each query row has a *sealed boundary* page: it reads every page below it as codes, the way the
+decode kernel reads sealed pages (rotated basis: keys folded into the query, values dequantized in
+registers, logits times s_t), and every token from the boundary page's start up to itself exactly:
+the prefix's tokens of that page BF16 from staging, the step's own tokens from ``k``/``v``
+(un-rotated, model basis) with a causal mask. ``position=True`` (the server's default): the
+boundary is the page holding the row's own token, as in decode, so a token's attention depends on
+its position only, not on where a prefill chunk started (pages the step filled before the row are
+read as codes: the pool sealed them before this launch). ``position=False`` (``--oscar-prefill
+exact``): the page holding the end of the prefix, for every row, so a fresh prompt is plain exact
+attention. The two parts share one online softmax and keep two accumulators, one per basis; the
+rotated one is turned back (``H_D`` is its own inverse) and added at the end.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     ROTATE: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
+    POSITION: tl.constexpr,
     INTERPRET: tl.constexpr,
     USE_ASM: tl.constexpr,
 ):
@@ -96,32 +102,61 @@ def _extend_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc_r = tl.zeros([BLOCK_M, D], tl.float32)  # prefix, rotated basis
+        acc_r = tl.zeros([BLOCK_M, D], tl.float32)  # codes and staging, rotated basis
         acc_n = tl.zeros([BLOCK_M, D], tl.float32)  # new tokens, model basis
 
-        if prefix > 0:
+        # The sealed boundary: a row reads pages below its boundary page as codes and every token
+        # from that page's start up to itself exactly. POSITION: the page holding the row's own
+        # token (pages this step filled before it included: set_kv_buffer sealed them before this
+        # launch); otherwise the page holding the prefix's end, for every row.
+        open_page = prefix // P
+        if POSITION:
+            row_sp = (prefix + o_m) // P
+            sp_lo = (prefix + i_m * ROWS_T) // P  # the program's first (smallest) boundary
+            sp_hi = (prefix + tl.minimum(n_new, (i_m + 1) * ROWS_T) - 1) // P  # its largest
+        else:
+            row_sp = tl.full([BLOCK_M], 0, tl.int32) + open_page
+            sp_lo = open_page
+            sp_hi = open_page
+        if (sp_hi > 0) | (prefix > 0):
             o_qr = (rows * HQ + o_hq)[:, None] * D
             b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
-            for pi in range(0, tl.cdiv(prefix, P)):
+            for pi in range(0, sp_lo):  # below every row's boundary
                 page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                stg = tl.load(p2s_ptr + page).to(tl.int64)
-                if stg >= 0:
-                    n_valid = tl.minimum(prefix - pi * P, P)
-                    for t0 in range(0, n_valid, BLOCK_N):
-                        m_i, l_i, acc_r = staging_tile(
-                            b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
-                        )  # fmt: skip
-                else:
+                for t0 in range(0, P, BLOCK_N):
+                    m_i, l_i, acc_r = sealed_tile(
+                        b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                        kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                    )  # fmt: skip
+            if POSITION:
+                for pi in range(sp_lo, sp_hi):  # below the boundary of some rows only
+                    page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
                     for t0 in range(0, P, BLOCK_N):
                         m_i, l_i, acc_r = sealed_tile(
                             b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
                             kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
+                        )  # fmt: skip
+            # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
+            if (prefix % P != 0) & (sp_lo == open_page):
+                stg = tl.load(p2s_ptr + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
+                n_valid = prefix % P
+                for t0 in range(0, n_valid, BLOCK_N):
+                    if POSITION:
+                        m_i, l_i, acc_r = staging_tile(
+                            b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
+                            row_sp == open_page,
+                        )  # fmt: skip
+                    else:
+                        m_i, l_i, acc_r = staging_tile(
+                            b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
                         )  # fmt: skip
 
-        # New tokens, causal: query o_m sees keys 0..o_m of this step.
+        # New tokens, causal: query o_m sees keys 0..o_m of this step (from its boundary on).
         b_q = tl.load(q_ptr + rows[:, None] * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_m[:, None], other=0.0)
         if INTERPRET:
             if k_ptr.dtype.element_ty == tl.bfloat16:
@@ -131,7 +166,8 @@ def _extend_kernel(
         else:
             b_q = b_q.to(k_ptr.dtype.element_ty)
         hi = tl.minimum(n_new, (i_m + 1) * ROWS_T)
-        for n0 in range(0, hi, BLOCK_N):
+        lo = tl.maximum(sp_lo * P - prefix, 0) // BLOCK_N * BLOCK_N  # no row sees keys before its boundary
+        for n0 in range(lo, hi, BLOCK_N):
             o_n = n0 + tl.arange(0, BLOCK_N)
             m_n = o_n < n_new
             b_k = tl.load(k_ptr + (q_start + o_n)[:, None] * stride_kt + i_h * stride_kh + o_d[None, :], mask=m_n[:, None], other=0.0)
@@ -140,6 +176,8 @@ def _extend_kernel(
             else:
                 b_qk = tl.dot(b_q, tl.trans(b_k))
             causal = (o_n[None, :] <= o_m[:, None]) & m_n[None, :]
+            if POSITION:
+                causal = causal & (prefix + o_n[None, :] >= row_sp[:, None] * P)
             b_qk = tl.where(causal, b_qk * sm_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key at all
@@ -204,24 +242,28 @@ def oscar_extend_attention(
     q_rot: torch.Tensor | None = None,
     max_new_tokens: int | None = None,
     out: torch.Tensor | None = None,
+    position: bool = True,
     _tuning: _ExtendTuning | None = None,
 ) -> torch.Tensor:
-    """Attention of a step's new tokens over their cached prefix plus themselves (causal).
+    """Attention of a step's new tokens over their cached prefix plus themselves (causal), each
+    row over codes below its sealed boundary page and exact tokens from it on (module docstring).
 
     Args:
         q: ``[T, Hq, D]`` post-RoPE queries of the new tokens of all requests, concatenated.
         k, v: ``[T, H, D]`` their keys/values (un-rotated; bf16 or fp16 on CUDA).
         qo_indptr: ``[B + 1]`` int32, request b's new tokens are rows ``qo_indptr[b]:qo_indptr[b+1]``.
         layer: the layer's pool (`PagedLayer`), as in ``oscar_decode_attention``.
-        kv_indptr, kv_page_indices: int32, request b's prefix pages ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``
-            (at least ``cdiv(prefix_lens[b], P)`` of them).
-        prefix_lens: ``[B]`` int32 cached tokens before the new ones (0: a fresh prompt, exact attention).
-            Full prefix pages are sealed (packed) or open (staging); a partial last page is open.
+        kv_indptr, kv_page_indices: int32, request b's pages ``kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]``,
+            oldest first: at least the ``cdiv(prefix_lens[b], P)`` prefix pages and, with ``position``,
+            the ``(prefix_lens[b] + n_new - 1) // P`` pages below its last token's page.
+        prefix_lens: ``[B]`` int32 cached tokens before the new ones. Pages below a row's boundary are
+            sealed (packed); a partial last prefix page is open (staging).
         sm_scale: the softmax scale.
         q_rot: ``[T, Hq, D]`` fp32 rotated queries (e.g. from ``oscar_write_kv``); computed when None.
         max_new_tokens: the largest new-token count of a request; read from ``qo_indptr`` (a host
             synchronization) when None.
         out: ``[T, Hq, D]`` destination, dtype of q when allocated here.
+        position: the boundary by position (True) or by the prefix's end (False), module docstring.
         _tuning: tests and benchmarks only: an ``_ExtendTuning`` instead of ``_default_tuning``'s.
     """
     t, hq, d, h, p, s_cols = check_attention_inputs(q, layer, rows="T")
@@ -284,6 +326,7 @@ def oscar_extend_attention(
         BLOCK_N=tune.block_n,
         ROTATE=rotation,
         INV_SQRT_D=1.0 / math.sqrt(d),
+        POSITION=bool(position),
         INTERPRET=interpreting(),
         USE_ASM=use_asm(q.device),
         num_warps=tune.num_warps,

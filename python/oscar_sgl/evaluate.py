@@ -46,6 +46,18 @@ def chunk_bounds(start: int, end: int, cfg: OscarConfig | None) -> list[tuple[in
     return bounds
 
 
+def position_logits(model: Any, ids: torch.Tensor, cache: OscarCache, start: int = 0) -> torch.Tensor:
+    """Feed `ids[:, start:]` into `cache` (holding `start` tokens) in chunks cut at every page
+    boundary; return their logits `[n - start, V]` (fp32). Each token then attends to the sealed
+    pages below its own page and to its own page exactly: what a server with `--oscar-prefill
+    position` (the default) computes for it, whatever the server's chunking, cache hits or batch."""
+    outs = []
+    with torch.inference_mode():
+        for a, b in chunk_bounds(start, ids.shape[1], cache.cfg):
+            outs.append(model(ids[:, a:b], past_key_values=cache, use_cache=True).logits[0].float())
+    return torch.cat(outs, dim=0)
+
+
 def tokenize(tok: Any, text: str, n: int, source: str = "text") -> torch.Tensor:
     """The first `n` tokens of `text` as `[1, n]` (no special tokens added)."""
     ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids

@@ -296,23 +296,35 @@ def extend_attention(
     v_exact: torch.Tensor,
     cfg: OscarConfig,
     sm_scale: float,
+    *,
+    exact_from: int | None = None,
+    sealed_until: torch.Tensor | list[int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last `t` tokens of a sequence over the sequence, computed the way the
     kernels do: what a prefill chunk (a fresh prompt, or the tokens after a prefix-cache hit) sees.
 
-    The sequence is the sealed blocks (positions `0 .. n_s-1`, `n_s` their tokens in all) followed by
-    the exact tokens (positions `n_s .. L-1`, `L = n_s + m`). The queries are its last `t` tokens:
-    query `i` is at position `L - t + i` and sees every token at or before that position, sealed
-    ones as codes (dequantized, logits times s_t), exact ones as they are. With block flush
-    (docs/OSCAR.md §2.4, §4) the sealed blocks are the pages sealed before the step, the exact
-    tokens the open page's tokens written before the step and then the step's own `t` tokens, so
-    every query sees every sealed token.
+    The sequence has `L` tokens. The sealed blocks hold its positions `0 .. n_s-1` (`n_s` their
+    tokens in all), the exact tokens its positions `e .. L-1` (`e = exact_from`, default `n_s`;
+    `e <= n_s`, so the two may overlap). The queries are its last `t` tokens: query `i` is at
+    position `x_i = L - t + i` and sees every token at or before `x_i`, those below its boundary
+    `b_i = sealed_until[i]` (default `n_s`) as codes (dequantized, logits times s_t) and those at
+    or after it exactly (`e <= b_i <= n_s`).
+
+    With block flush (docs/OSCAR.md §2.4, §4) and page size P: position-determined attention (the
+    server's default, decode, `OscarCache`) has `b_i = (x_i // P) * P`, the start of the query's own
+    page: sealed blocks for every page below the last query's page, exact tokens from the first
+    query's page on. Exact prefill (`--oscar-prefill exact`) has one boundary, the start of the page
+    holding the prefix's end, for every query (the defaults, with the sealed blocks the pages
+    sealed before the step).
 
     Args:
         q: `[t, Hq, D]` post-RoPE queries, Hq a multiple of the KV heads H (GQA), `t <= L`.
         k_blocks, v_blocks: sealed history, oldest first (may be empty).
-        k_exact, v_exact: `[H, m, D]` exact keys / values (post-RoPE, not rotated; m may be 0).
+        k_exact, v_exact: `[H, m, D]` exact keys / values of positions `e .. L-1` (post-RoPE, not
+            rotated; m may be 0).
         sm_scale: the softmax scale applied to the logits.
+        exact_from: `e`, the position of the first exact token (default `n_s`).
+        sealed_until: `[t]` the boundaries `b_i` (default `n_s` for every query).
     Returns:
         `[t, Hq, D]` fp32 attention output in the model's (un-rotated) basis.
 
@@ -321,9 +333,19 @@ def extend_attention(
     """
     t, hq, d = q.shape
     h = k_exact.shape[0]
-    length = sum(kb.num_tokens for kb in k_blocks) + k_exact.shape[1]  # L
+    n_s = sum(kb.num_tokens for kb in k_blocks)
+    e = n_s if exact_from is None else int(exact_from)
+    length = e + k_exact.shape[1]  # L
+    if not 0 <= e <= n_s:
+        raise ValueError(f"exact tokens from position {e}: must be within the {n_s} sealed positions or right after")
     if t > length:
         raise ValueError(f"{t} queries over a sequence of {length} tokens: the queries are its last tokens")
+    if sealed_until is None:
+        bound = torch.full((t,), n_s, dtype=torch.int64, device=q.device)
+    else:
+        bound = torch.as_tensor(sealed_until, dtype=torch.int64).to(q.device)
+        if bound.shape != (t,) or (t and (int(bound.min()) < e or int(bound.max()) > n_s)):
+            raise ValueError(f"sealed_until must be [{t}] boundaries within [{e}, {n_s}], got {bound.tolist()}")
     q_rot = rotate(q, cfg).reshape(t, h, hq // h, d)
     logits, values = [], []
     for kb, vb in zip(k_blocks, v_blocks, strict=True):
@@ -334,8 +356,11 @@ def extend_attention(
         values.append(unpack_v(vb, cfg, d))
     logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, rotate(k_exact, cfg)))
     values.append(rotate(v_exact, cfg))
-    pos = torch.arange(length, device=q.device)
-    visible = pos[None, :] <= pos[length - t :, None]  # [t, L]: causal over the whole sequence
+    x = torch.arange(length - t, length, device=q.device)[:, None]  # [t, 1] query positions
+    sealed_pos = torch.arange(n_s, device=q.device)[None, :]
+    exact_pos = torch.arange(e, length, device=q.device)[None, :]
+    b = bound[:, None]
+    visible = torch.cat(((sealed_pos <= x) & (sealed_pos < b), (exact_pos <= x) & (exact_pos >= b)), dim=1)
     lg = (torch.cat(logits, dim=3) * sm_scale).masked_fill(~visible, float("-inf"))
     p = torch.softmax(lg, dim=-1)
     out = torch.einsum("hgtn,hnd->thgd", p, torch.cat(values, dim=1)).reshape(t, hq, d)

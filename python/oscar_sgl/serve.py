@@ -207,7 +207,13 @@ class ServerEndpoint:
             return body
 
     def post(self, path: str, payload: dict[str, Any], timeout: float = 300) -> Any:
+        """POST `payload` as JSON to `path`: the JSON body, or the text when it is not JSON (e.g.
+        `/flush_cache`)."""
         req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
+            body = r.read().decode()
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError:
+            return body

@@ -98,6 +98,8 @@ class Pool:
     v_blocks: list = field(default_factory=list)
     k_tail: list = field(default_factory=list)  # per request: [H, t, D] fp32 of the open page (un-rotated basis)
     v_tail: list = field(default_factory=list)
+    raw: list = field(default_factory=list)  # per request: the (k, v) [H, n, D] fp32 it was built from
+    also_staged: dict = field(default_factory=dict)  # request -> (page index, k, v as staged, un-rotated)
 
     def prefix(self, b: int, n: int) -> tuple[list, list, torch.Tensor, torch.Tensor]:
         """The first ``n`` pooled tokens of request ``b`` as the reference sees them: the sealed
@@ -140,11 +142,13 @@ def build_pool(
     kinds: dict[int, str] | None = None,
     device: torch.device = DEVICE,
     seed: int = 0,
+    stage_also: dict[int, int] | None = None,
 ) -> Pool:
     """A pool holding ``len(lens)`` requests, each on shuffled pages; every page but a request's last
     is sealed (packed with the torch reference); the last page is open (rotated BF16 in staging)
-    unless it is full and the request's index is in ``last_sealed``. Spare pages are filled with
-    garbage so that a wrong page index shows."""
+    unless it is full and the request's index is in ``last_sealed``. ``stage_also`` (request ->
+    page index): a sealed page that keeps its staging slot too, as a page sealed in the current
+    step does. Spare pages are filled with garbage so that a wrong page index shows."""
     gen = torch.Generator().manual_seed(seed)
     kinds = kinds or {}
     n_pages = [-(-n // p) for n in lens]
@@ -156,7 +160,8 @@ def build_pool(
     k_params = torch.randn(total, h, p // cfg.k_group, 2, d, generator=gen).half() * 50
     v_params = torch.randn(total, h, p, 2, d // cfg.v_group, generator=gen).half() * 50
     scale = torch.rand(total, p, s_cols, generator=gen) * 100 if s_cols else None
-    ns = len(lens) + 2
+    stage_also = stage_also or {}
+    ns = len(lens) + 2 + len(stage_also)
     staging_k = torch.randn(ns, h, p, d, generator=gen).bfloat16() * 50
     staging_v = torch.randn(ns, h, p, d, generator=gen).bfloat16() * 50
     staging_scale = torch.rand(ns, p, s_cols, generator=gen) if s_cols else None
@@ -193,8 +198,19 @@ def build_pool(
             p2s[mine[-1]] = b
             staging_k[b, :, : n - t0] = k_rot
             staging_v[b, :, : n - t0] = v_rot
+        if b in stage_also:
+            i = stage_also[b]
+            assert i < sealed, "stage_also names a sealed page"
+            slot = len(lens) + 2 + sorted(stage_also).index(b)
+            p2s[mine[i]] = slot
+            k_st = R.rotate(k[:, i * p : (i + 1) * p], cfg).bfloat16()
+            v_st = R.rotate(v[:, i * p : (i + 1) * p], cfg).bfloat16()
+            staging_k[slot] = k_st
+            staging_v[slot] = v_st
+            pool.also_staged[b] = (i, R.rotate(k_st.float(), cfg), R.rotate(v_st.float(), cfg))
         pool.k_blocks.append(kbs)
         pool.v_blocks.append(vbs)
+        pool.raw.append((k, v))
         # the reference rotates its tail itself: hand it the staged BF16 values taken back
         pool.k_tail.append(R.rotate(k_rot.float(), cfg))
         pool.v_tail.append(R.rotate(v_rot.float(), cfg))

@@ -4,12 +4,20 @@ The Canalized (Walsh-Hadamard) rotation lives here, so model code is untouched: 
 after RoPE and are rotated inside; v is rotated on the way into a sealed page (the seal); the
 attention output is accumulated in the rotated basis and un-rotated once.
 
-What a query at position i of a step that starts at position s0 sees (block flush with R = page
-size, docs/LAYOUT.md and docs/OSCAR.md §4): the pages sealed before this step (all whole pages below
-s0's page) as codes (dequantized, logits times s_t), and everything from that page boundary up to
-i exactly (BF16 staging of the open page, then this step's own K/V). So a fresh prompt keeps exact
-attention and is sealed afterwards, a prefix-cache hit attends to the sealed shared pages, and a
-decode step is exactly `oscar_sgl.reference.decode_attention` (the CPU path calls it).
+What a query at position x sees (block flush with R = page size, docs/LAYOUT.md and docs/OSCAR.md
+§4), by `--oscar-prefill`:
+
+* `position` (the default): the pages below the page holding x as codes (dequantized, logits times
+  s_t) and the tokens of its own page up to x exactly (BF16 staging of the tokens written before
+  the step, then this step's own K/V). That is what a decode step sees
+  (`oscar_sgl.reference.decode_attention`, which the CPU path calls) and what `OscarCache` computes
+  for page-sized chunks, so a token's attention depends on its position only: the same prompt gives
+  the same answer cold, after a prefix-cache hit, at any --chunked-prefill-size and in any batch.
+  Pages that this step fills before x are sealed by `set_kv_buffer` before the attention runs.
+* `exact`: one boundary for the whole step, the page holding the step's first token s0: the pages
+  sealed before the step as codes, everything after exactly. A fresh prompt then keeps exact
+  attention (and is sealed afterwards), while a prefix-cache hit attends to the sealed shared pages:
+  the answer depends on the cache state and the chunking.
 
 Two paths with the same semantics: the torch reference (CPU default) and the Triton kernels of
 `oscar_sgl.kernels` (CUDA default; CPU with `OSCAR_SGL_USE_KERNELS=1 TRITON_INTERPRET=1`, see
@@ -53,6 +61,8 @@ class OscarAttnBackendMixin:
             )
         self.cfg = pool.oscar_config
         self.step: OscarStep = pool.oscar_step
+        # --oscar-prefill: each query's sealed boundary by its position (True) or the prefix's end
+        self.position = pool.oscar_settings.prefill == "position"
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)  # type: ignore[misc]
@@ -170,22 +180,63 @@ class OscarAttnBackendMixin:
         at = 0
         for i, (r, s0, s1) in enumerate(zip(rows, pre, seq)):
             n = s1 - s0
+            if self.position and not decode:
+                out[at:at + n] = self._extend_by_pages(q_[at:at + n], k_new[at:at + n], v_new[at:at + n],
+                                                       prev[i], r, s0, s1, li, layer.scaling).to(q.dtype)
+                at += n
+                continue
             k_fp = k_new[at:at + n].transpose(0, 1).float()
             v_fp = v_new[at:at + n].transpose(0, 1).float()
             if prev[i] is not None:
                 k_fp = torch.cat((prev[i][0].float(), k_fp), dim=1)
                 v_fp = torch.cat((prev[i][1].float(), v_fp), dim=1)
-            n_sealed = s0 // p  # pages sealed before this step; later tokens of the step stay exact
+            # Decode, and extend with --oscar-prefill exact: the pages sealed before this step as
+            # codes, everything from there on exactly.
+            n_sealed = s0 // p
             pages = req_to_token[r, 0:n_sealed * p:p].to(torch.int64) // p
             blocks = pool.sealed_blocks(li, pages) if n_sealed else None
             kbs, vbs = ([blocks[0]], [blocks[1]]) if blocks is not None else ([], [])
             if decode:
                 out[at] = ref.decode_attention(q_[at], kbs, vbs, k_fp, v_fp, self.cfg, layer.scaling).to(q.dtype)
-            else:  # the new tokens are the last n of the sealed pages + exact tokens, causally
+            else:
                 out[at:at + n] = ref.extend_attention(q_[at:at + n], kbs, vbs, k_fp, v_fp, self.cfg,
                                                       layer.scaling).to(q.dtype)
             at += n
         return out.reshape(-1, hq * d)
+
+    def _extend_by_pages(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         prev: tuple[torch.Tensor, torch.Tensor] | None, r: int, s0: int, s1: int, li: int,
+                         sm_scale: float) -> torch.Tensor:
+        """Reference path, `--oscar-prefill position`: one request's new tokens s0..s1-1, page by
+        page. The queries of page b are `reference.extend_attention` of a whole page (P rows, zero
+        where the chunk has no token) over the sealed pages below b and the page's P tokens (exact,
+        zero past the chunk's last one; causally masked): the same shapes, hence the same fp32
+        bits, for a token however its prompt was chunked, cached or batched. (A row-count-dependent
+        rounding would not stay small: it moves keys across INT2 rounding boundaries, and those
+        flipped codes change the next layers' keys, benches/results/determinism.md.)"""
+        pool = self.token_to_kv_pool
+        p = pool.page_size
+        r2t = self.req_to_token_pool.req_to_token
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        h, d = k.shape[1], k.shape[2]
+        for b in range(s0 // p, (s1 - 1) // p + 1):
+            lo, hi = max(s0, b * p), min(s1, (b + 1) * p)  # the chunk's tokens in page b
+            q_page = q.new_zeros((p,) + tuple(q.shape[1:]), dtype=torch.float32)
+            q_page[lo - b * p:hi - b * p] = q[lo - s0:hi - s0].float()
+            kv_page = [torch.zeros(h, p, d, dtype=torch.float32, device=q.device) for _ in range(2)]
+            if b * p < s0 and prev is not None:  # the prefix's tokens of its open page: staging
+                kv_page[0][:, :s0 - b * p] = prev[0].float()
+                kv_page[1][:, :s0 - b * p] = prev[1].float()
+            kv_page[0][:, lo - b * p:hi - b * p] = k[lo - s0:hi - s0].transpose(0, 1).float()
+            kv_page[1][:, lo - b * p:hi - b * p] = v[lo - s0:hi - s0].transpose(0, 1).float()
+            kbs: list = []
+            vbs: list = []
+            if b:
+                kb, vb = pool.sealed_blocks(li, r2t[r, 0:b * p:p].to(torch.int64) // p)
+                kbs, vbs = [kb], [vb]
+            o = ref.extend_attention(q_page, kbs, vbs, kv_page[0], kv_page[1], self.cfg, sm_scale)
+            out[lo - s0:hi - s0] = o[lo - b * p:hi - b * p]
+        return out
 
     # -- the kernel path (CUDA; CPU with OSCAR_SGL_USE_KERNELS=1 TRITON_INTERPRET=1) ------------
     def _kernel_meta(self, fb: Any, pre: list[int], seq: list[int], decode: bool) -> dict[str, Any]:
@@ -198,9 +249,14 @@ class OscarAttnBackendMixin:
         p, dev = pool.page_size, pool.device
         r2t = self.req_to_token_pool.req_to_token
         # Decode reads every page of the request (the current token is in staging); extend reads
-        # the prefix pages (its own tokens come from k/v). Host lengths, device gathers: no sync.
-        lens = seq if decode else pre
-        npages = [-(-n // p) for n in lens]
+        # the prefix pages and, by position, the pages its own tokens filled before its last one
+        # (its own tokens come from k/v). Host lengths, device gathers: no sync.
+        if decode:
+            npages = [-(-n // p) for n in seq]
+        elif self.position:
+            npages = [max(-(-a // p), (b - 1) // p) for a, b in zip(pre, seq)]
+        else:
+            npages = [-(-a // p) for a in pre]
         total = sum(npages)
         if total:
             rows = fb.req_pool_indices.to(device=r2t.device, dtype=torch.int64)
@@ -257,7 +313,7 @@ class OscarAttnBackendMixin:
             out = K.oscar_extend_attention(
                 q=q_, k=k.reshape(-1, h, d).contiguous(), v=v.reshape(-1, h, d).contiguous(),
                 qo_indptr=meta["qo_indptr"], prefix_lens=meta["prefix_lens"],
-                max_new_tokens=meta["max_new_tokens"], **common,
+                max_new_tokens=meta["max_new_tokens"], position=self.position, **common,
             )
         return out.reshape(-1, hq * d)
 

@@ -51,6 +51,7 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
         "compression_ratio": bf16 / packed,
         "effective_bits": cfg.effective_bits(h, d),
         "page_size": pool.page_size,
+        "prefill": pool.oscar_settings.prefill,
         "tp_rank": int(pool.oscar_settings.tp_rank),
         "tp_size": int(pool.oscar_settings.tp_size),
         # This rank's KV heads: under TP the `layer` norm scope is the norm over these heads only.

@@ -28,6 +28,8 @@ BACKEND_NAME = "oscar"
 #: The attribute that carries the OScaR settings on SGLang's `ServerArgs`. It is a plain dict in the
 #: record's `__dict__`, which `ServerArgs.__reduce__` pickles to every worker process.
 SERVER_ARGS_ATTR = "_oscar_kv_cache"
+#: The same for `--oscar-prefill` (a serving choice, not part of the stored format `OscarConfig`).
+SERVER_ARGS_PREFILL_ATTR = "_oscar_prefill"
 
 #: `OscarConfig` field -> (the server flag that sets it, its attribute on SGLang's namespace).
 FLAGS: dict[str, tuple[str, str]] = {
@@ -57,6 +59,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     help; on the namespace an unset flag is None (False for switches), so `config_from_namespace` can
     tell a flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
     from ..config import OscarConfig
+    from .pool import PREFILL_MODES
 
     d = OscarConfig()
     g = parser.add_argument_group("OScaR KV cache (oscar-sgl plug-in)")
@@ -79,6 +82,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--oscar-norm-scope", choices=("layer", "head"),
                    help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head' "
                    f"(default: {d.norm_scope}). Under tensor parallelism 'layer' means the heads of this rank.")
+    g.add_argument("--oscar-prefill", choices=PREFILL_MODES,
+                   help="What a prefill token attends to. 'position' (default): the pages below its own page "
+                   "as INT codes and its own page exactly, as in decode, so a prompt gets the same answer cold, "
+                   "after a prefix-cache hit, at any --chunked-prefill-size and in any batch. 'exact': the "
+                   "pages cached before the step as codes and everything after exactly: slightly better "
+                   "quality on a fresh prompt, but the answer then depends on the cache state and the chunking.")
     g.add_argument("--oscar-cuda-graph", action="store_true",
                    help="No effect, kept for compatibility: with --kv-cache oscar decode CUDA graphs are on by "
                    "default on CUDA (prefill graphs stay off); SGLang's --disable-decode-cuda-graph turns them off.")
@@ -118,6 +127,13 @@ def oscar_config_of(server_args: Any):
     return None if d is None else OscarConfig(**d)
 
 
+def prefill_mode_of(server_args: Any) -> str:
+    """`--oscar-prefill` of a (possibly unpickled) `ServerArgs` (the default when not set)."""
+    from .pool import PREFILL_MODES
+
+    return getattr(server_args, SERVER_ARGS_PREFILL_ATTR, None) or PREFILL_MODES[0]
+
+
 @_hook("sglang.srt.server_args.ServerArgs.add_cli_args", "AROUND")
 def _around_add_cli_args(original: Callable[..., Any], parser: argparse.ArgumentParser) -> Any:
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
@@ -142,6 +158,8 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
     except OscarConfigError as e:
         usage_error(str(e))
     if cfg is not None:
+        from .pool import PREFILL_MODES
+
         args.attention_backend = BACKEND_NAME
         args.page_size = cfg.page_size
         if getattr(args, "max_running_requests", None) is None:
@@ -169,6 +187,7 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
         # An underscore name outside the Struct's fields: allowed on the sealed record and pickled
         # with its __dict__ to every worker process.
         setattr(server_args, SERVER_ARGS_ATTR, cfg.to_dict())
+        setattr(server_args, SERVER_ARGS_PREFILL_ATTR, getattr(args, "oscar_prefill", None) or PREFILL_MODES[0])
     return server_args
 
 
@@ -237,6 +256,7 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
         max_prefill_tokens=_prefill_tokens(self.server_args),
         tp_rank=int(parallel.tp_rank), tp_size=int(parallel.attn_tp_size),
+        prefill=prefill_mode_of(self.server_args),
     )
 
 

@@ -50,12 +50,16 @@ import torch
 
 from .. import reference as ref
 from ..config import OscarConfig
+from ..errors import OscarConfigError
 from ..runtime import OscarRuntime, scratch_slots_needed, staging_slots_needed
 from ..supported import check_kernel_device, check_kernel_shape
 from .classes import sglang_subclass
 from .step import OscarStep
 
-__all__ = ["OscarKVPoolMixin", "PoolSettings", "pool_class_for"]
+__all__ = ["PREFILL_MODES", "OscarKVPoolMixin", "PoolSettings", "pool_class_for"]
+
+#: ``--oscar-prefill`` values, the default first (`backend.py`).
+PREFILL_MODES = ("position", "exact")
 
 
 def cell_size_bytes(cfg: OscarConfig, num_kv_heads: int, head_dim: int, num_layers: int) -> int:
@@ -118,6 +122,8 @@ class PoolSettings:
         enable_metrics: Prometheus gauges on `/metrics`.
         tp_rank, tp_size: this rank (each rank's pool holds its own KV heads and token scales).
         direct_seals: False stages every page (the layout before direct seals; tests).
+        prefill: ``--oscar-prefill``: ``"position"`` (each query reads codes below its own page) or
+            ``"exact"`` (below the page holding the step's first token), see `backend.py`.
     """
 
     config: OscarConfig = OscarConfig()
@@ -128,6 +134,11 @@ class PoolSettings:
     tp_rank: int = 0
     tp_size: int = 1
     direct_seals: bool = True
+    prefill: str = "position"
+
+    def __post_init__(self) -> None:
+        if self.prefill not in PREFILL_MODES:
+            raise OscarConfigError(f"--oscar-prefill must be one of {', '.join(PREFILL_MODES)}, got {self.prefill!r}")
 
 
 def pool_class_for(cfg: OscarConfig, **settings: Any) -> type:
