@@ -76,6 +76,21 @@ def test_oscar_flags_parse_and_reach_workers(parse):
     assert plugin.oscar_config_of(clone) == OscarConfig(**want)
 
 
+def test_oscar_prefill_flag_defaults_to_position_and_reaches_workers(parse):
+    sa = parse("--kv-cache", "oscar")
+    assert plugin.prefill_mode_of(sa) == "position"
+    sa = parse("--kv-cache", "oscar", "--oscar-prefill", "exact")
+    clone = pickle.loads(pickle.dumps(sa))
+    assert plugin.prefill_mode_of(clone) == "exact"
+    with pytest.raises(SystemExit):
+        parse("--kv-cache", "oscar", "--oscar-prefill", "chunked")
+    from oscar_sgl.errors import OscarConfigError
+    from oscar_sgl.sglang.pool import PoolSettings
+
+    with pytest.raises(OscarConfigError, match="--oscar-prefill must be one of position, exact"):
+        PoolSettings(prefill="chunk")
+
+
 def test_ablation_flags_reach_the_config(parse):
     sa = parse("--kv-cache", "oscar", "--oscar-no-rotation", "--oscar-no-token-scaling")
     assert plugin.oscar_config_of(sa) == OscarConfig(rotation=False, token_scaling=False)
@@ -149,6 +164,12 @@ def _startup_error(parse, capsys, *argv: str) -> str:
         (["--kv-cache", "oscar", "--disaggregation-mode", "prefill"],
          "error: --disaggregation-mode (PD disaggregation) must be off with --kv-cache oscar: the KV "
          "transfer moves scales only for MXFP8"),
+        (["--oscar-prefill", "exact"], "error: --oscar-prefill needs --kv-cache oscar, got --kv-cache default"),
+        (["--kv-cache", "oscar", "--enable-deterministic-inference"],
+         "error: --enable-deterministic-inference must be off with --kv-cache oscar: SGLang's deterministic mode "
+         "runs only its own attention backends (fa3, flashinfer, triton, ...); OScaR's default --oscar-prefill "
+         "position already gives the same answer cold, warm and at any --chunked-prefill-size, and what remains "
+         "batch-dependent is SGLang's own matmuls (README, 'The same answer whether cached or not')"),
         (["--kv-cache", "oscar", "--speculative-algorithm", "EAGLE"],
          "error: --speculative-algorithm must be off with --kv-cache oscar: speculative paths write "
          "through set_kv_buffer_prefix_valid and move slots without scales"),
@@ -244,7 +265,7 @@ def test_help_lists_the_flags():
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in ("--kv-cache {default,oscar}", "--oscar-bits {2,4}", "--oscar-k-group G_K", "--oscar-v-group G_V",
                  "--oscar-page-size R", "--oscar-norm-scope {layer,head}", "--oscar-cuda-graph", "--oscar-no-rotation",
-                 "--oscar-no-token-scaling"):
+                 "--oscar-no-token-scaling", "--oscar-prefill {position,exact}"):
         assert flag in out.stdout, flag
     # Every OScaR flag says its default (argparse wraps help lines, so compare without whitespace).
     flat = "".join(out.stdout.split())

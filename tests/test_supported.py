@@ -49,7 +49,7 @@ def test_server_flags_refusals_share_one_style():
     for ns in (SimpleNamespace(page_size=16), SimpleNamespace(attention_backend="triton"),
                SimpleNamespace(kv_cache_dtype="fp8_e4m3"), SimpleNamespace(enable_hierarchical_cache=True),
                SimpleNamespace(disaggregation_mode="decode"), SimpleNamespace(enable_unified_memory=True),
-               SimpleNamespace(oscar_cuda_graph=True, device="cpu")):
+               SimpleNamespace(oscar_cuda_graph=True, device="cpu"), SimpleNamespace(enable_deterministic_inference=True)):
         _refusal(supported.check_server_flags, ns, cfg)
     supported.check_server_flags(SimpleNamespace(page_size=128, attention_backend=None, disaggregation_mode="null"), cfg)
 

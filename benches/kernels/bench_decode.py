@@ -407,18 +407,22 @@ def bench_write(batch: int) -> dict:
     return time_calls([run] * 20)
 
 
-EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128)]  # (batch, cached prefix, new tokens)
+# (batch, cached prefix, new tokens): prefix-cache hits, then fresh prompts (prefill chunks)
+EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128), (1, 0, 8192), (4, 0, 2048), (1, 8192, 8192)]
 EXTEND_VARIANTS = [(0, 0), (64, 4), (128, 4), (64, 8)]  # (block_m, num_warps); (0, 0) = default
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
-    """Prefix-cache hit: ``new`` tokens per request attend to a sealed ``prefix`` (every page packed)
-    and causally to themselves (BF16), against SGLang's Triton extend kernel over BF16 KV of the same
-    prefix (token-level indices, as its Triton backend passes them)."""
+    """A prefill chunk: ``new`` tokens per request over a sealed ``prefix`` (every page packed; 0: a
+    fresh prompt) and causally over themselves, in both ``--oscar-prefill`` modes, side by side with
+    SGLang's Triton extend kernel over BF16 KV of the same prefix (token-level indices, as its Triton
+    backend passes them). ``position`` (the default): each row reads the chunk's pages below its own
+    as codes (sealed before the launch in the server; random codes here), its own page from k/v;
+    ``exact``: every new token from k/v (BF16)."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    st = OscarSetup(bits, batch, prefix, 1, seed=3)
-    st.p2s.fill_(-1)  # the whole prefix is sealed
+    st = OscarSetup(bits, batch, prefix + new, 1, seed=3)  # pages for the prefix and the chunk
+    st.p2s.fill_(-1)  # every page below the chunk's last is sealed
     g = torch.Generator(device=DEV).manual_seed(4)
     t = batch * new
     q = torch.randn(t, HQ, D, device=DEV, generator=g).bfloat16()
@@ -445,9 +449,13 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     ok = [v for v in res["variants"] if "us" in v]
     res["oscar"] = min(ok, key=lambda v: v["us"])
     res["oscar_default_us"] = ok[0]["us"] if ok and ok[0]["block_m"] == 0 else None
+    try:  # --oscar-prefill exact, the default tuning
+        res["oscar_exact"] = time_calls([lambda: oscar(position=False)])
+    except Exception as e:  # noqa: BLE001
+        res["oscar_exact"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     kb = torch.randn(batch * prefix + 1, H, D, device=DEV, generator=g).bfloat16()
     vb = torch.randn(batch * prefix + 1, H, D, device=DEV, generator=g).bfloat16()
-    kv_indptr = torch.arange(0, batch * prefix + 1, prefix, dtype=torch.int32, device=DEV)
+    kv_indptr = torch.arange(batch + 1, dtype=torch.int32, device=DEV) * prefix
     kv_indices = torch.arange(1, batch * prefix + 1, dtype=torch.int64, device=DEV)
     o_sg = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
 
@@ -586,15 +594,20 @@ def markdown(res: dict, rows: list[dict]) -> str:
         )
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
-        lines += ["", "Extend (prefix-cache hit: new tokens over a sealed prefix + themselves, causal) vs SGLang's "
-                  "Triton extend kernel on BF16 KV:", "", "| bits | B | prefix | new | OScaR us (best) | default us | best (block_m, warps) | SGLang us | x SGLang |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
+                  "prompt) with --oscar-prefill position (default; best of the tuning sweep and the default tuning) "
+                  "and exact (default tuning) vs SGLang's Triton extend kernel on BF16 KV:", "",
+                  "| bits | B | prefix | new | position us (best) | position default us | best (block_m, warps) | exact us | SGLang us | x SGLang (position) | exact / position |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in ext:
             sg = e.get("sglang", {}).get("us")
             dflt = e.get("oscar_default_us")
+            ex = e.get("oscar_exact", {}).get("us")
             lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {e['oscar']['us']:.1f} | "
                          f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}) | "
-                         f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} |")
+                         f"{ex if ex is None else round(ex, 1)} | "
+                         f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} | "
+                         f"{ex and dflt and round(ex / dflt, 2)} |")
     lines += ["", "Seal: " + ", ".join(f"INT{b}: {s['TBps']:.2f} TB/s ({s['us_per_page']:.2f} us/page of 8 heads)" for b, s in res["seal"].items())]
     return "\n".join(lines) + "\n"
 
@@ -621,6 +634,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer kernel variants")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed]],... (overrides the sweep; bn 0: the default)")
+    ap.add_argument("--extend-only", action="store_true", help="only the extend / prefill shapes (both --oscar-prefill modes vs SGLang)")
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -643,6 +657,8 @@ def main() -> None:
         variants = VARIANTS
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     budget = 24e9  # bytes of KV copies per measured callable
+    if args.extend_only:
+        shapes = []
     for b, ctx in shapes:
         sh = {"batch": b, "ctx": ctx}
         for bits in (2, 4):
@@ -676,7 +692,7 @@ def main() -> None:
     for b in sorted({b for b, _ in shapes}):
         res["write"][str(b)] = bench_write(b)
         log(f"write path B={b}: {res['write'][str(b)]['us']:.2f} us")
-    for bits in (2, 4):
+    for bits in () if args.extend_only else (2, 4):
         res["seal"][str(bits)] = bench_seal(bits)
         log(f"seal INT{bits}: {res['seal'][str(bits)]['TBps']:.2f} TB/s, {res['seal'][str(bits)]['us_per_page']:.3f} us/page")
     res["extend"] = []

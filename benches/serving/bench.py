@@ -222,6 +222,39 @@ def graph_check(server: serve.Server, ids: Ids, *, prompts: int, input_len: int,
             "speed": speed}
 
 
+def cache_check(server: serve.Server, ids: Ids, *, prompts: int, input_len: int, output_len: int) -> dict[str, Any]:
+    """The same prompts cold (one at a time), warm (a full prefix-cache hit), after `/flush_cache`
+    and cold in one batch (issue 20): per case vs cold, how many prompts give identical greedy ids,
+    the first diverging token and the largest |delta log-prob| over the tokens before it."""
+    ps = [ids.make(70_000 + i, input_len) for i in range(prompts)]
+
+    def one_by_one() -> list[dict[str, Any]]:
+        return [generate(server, p, output_len, logprobs=True) for p in ps]
+
+    server.post("/flush_cache", {})
+    cases = {"cold": one_by_one(), "warm": one_by_one()}
+    server.post("/flush_cache", {})
+    cases["flushed"] = one_by_one()
+    server.post("/flush_cache", {})
+    cases["batched"] = _parallel(lambda p: generate(server, p, output_len, logprobs=True), ps, len(ps))
+    res: dict[str, Any] = {"workload": "cache-check", "prompts": prompts, "input_len": input_len,
+                           "output_len": output_len}
+    for name in ("warm", "flushed", "batched"):
+        same, first, dlp, cached = 0, [], 0.0, []
+        for a, b in zip(cases["cold"], cases[name]):
+            ia, ib = a["output_ids"], b["output_ids"]
+            k = next((i for i, (x, y) in enumerate(zip(ia, ib)) if x != y), len(ia))
+            same += k == len(ia)
+            first.append(k)
+            la = [t[0] for t in a["meta_info"]["output_token_logprobs"]][:k]
+            lb = [t[0] for t in b["meta_info"]["output_token_logprobs"]][:k]
+            dlp = max([dlp] + [abs(x - y) for x, y in zip(la, lb)])
+            cached.append(int(b["meta_info"].get("cached_tokens", 0)))
+        res[name] = {"identical": same, "first_divergence": first, "max_abs_dlogprob_before": dlp,
+                     "cached_tokens": cached}
+    return res
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,6 +286,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             elif w == "graph-check":
                 result["workloads"].append(graph_check(server, ids, prompts=8, input_len=1000, output_len=32,
                                                        batch=[int(b) for b in a.graph_batch.split(",")]))
+            elif w == "cache-check":
+                result["workloads"].append(cache_check(server, ids, prompts=4, input_len=1000, output_len=64))
             else:
                 raise SystemExit(f"unknown workload {w!r}")
             print(f"[{a.name}] {w}: {time.monotonic() - t1:.0f}s "
@@ -267,7 +302,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
     keep = ("pool_tokens", "requests", "max_running", "retractions", "output_tok_s", "client_output_tok_s",
             "concurrency", "cached_fraction_turns2plus", "ttft_s_median_turns2plus",
-            "conversations_cached_last_turn", "speed")
+            "conversations_cached_last_turn", "speed", "warm", "flushed", "batched")
     return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items() if k in keep}
 
 

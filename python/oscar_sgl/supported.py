@@ -146,6 +146,11 @@ _REFUSED_FEATURES: tuple[tuple[str, object, str, str], ...] = (
     ("enable_page_major_kv_layout", False, "--enable-page-major-kv-layout",
      "the page-major envelope is a different byte layout"),
     ("enable_unified_memory", False, "--enable-unified-memory", "the unified pool builds its own KV buffers"),
+    ("enable_deterministic_inference", False, "--enable-deterministic-inference",
+     "SGLang's deterministic mode runs only its own attention backends (fa3, flashinfer, triton, ...); "
+     "OScaR's default --oscar-prefill position already gives the same answer cold, warm and at any "
+     "--chunked-prefill-size, and what remains batch-dependent is SGLang's own matmuls (README, "
+     "'The same answer whether cached or not')"),
 )
 
 
