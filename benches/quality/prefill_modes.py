@@ -108,8 +108,9 @@ def server_part(path: str, ids: list[int], bits: int, page: int, top_k: int) -> 
             r = s.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
                                      "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": top_k})
             m = r["meta_info"]
+            # position 0 has no log-prob (nothing predicts it): SGLang gives None there
             got[name] = ([t[0] for t in m["input_token_logprobs"]][1:],
-                         [{t[1]: t[0] for t in tops} for tops in m["input_top_logprobs"]][1:])
+                         [{t[1]: t[0] for t in (tops or [])} for tops in m["input_top_logprobs"]][1:])
     res = {}
     base_lp, base_top = got["bf16"]
     for name in ("position", "exact"):
@@ -156,9 +157,10 @@ def main() -> int:
         cfg = OscarConfig(bits=bits, k_group=32, v_group=32, page_size=a.page)
         row = {"effective_bits": cfg.effective_bits(h, d), "prompt": prompt_part(model, ids, cfg, a.chunk),
                "continuation": continuation_part(model, ids_c, cfg, a.prefix)}
+        out["configs"][f"int{bits}"] = row
+        Path(a.out + ".json").write_text(json.dumps(out, indent=1))  # kept if a later part fails
         if a.server and bits == 2:
             row["server"] = server_part(path, ids[0].tolist(), bits, a.page, a.top_k)
-        out["configs"][f"int{bits}"] = row
         print(json.dumps({f"int{bits}": row}, indent=1), flush=True)
     Path(a.out + ".json").write_text(json.dumps(out, indent=1))
     lines = [f"Text `{Path(a.text).name}`, SmolLM2-135M-Instruct fp32, pages of {a.page}, K/V groups 32; "
