@@ -303,3 +303,20 @@ def test_cpu_tensor_parallel_needs_sglang_fallback(parse, monkeypatch, capsys):
     monkeypatch.setenv("SGLANG_NCCL_SO_PATH", "none")
     sa = parse("--kv-cache", "oscar", "--tp-size", "3")
     assert sa.tp_size == 3 and sa.attention_backend == "oscar"
+
+
+def test_prompts_that_would_kill_the_scheduler_are_refused():
+    """`check_prompt_ids` (the `TokenizerManager._validate_one_request` hook of `--kv-cache oscar`
+    servers): SGLang 0.5.23 accepts an empty text prompt and token ids outside the vocabulary, then
+    its scheduler raises in the forward and the whole server stops (found by the soak; the server-level
+    regression is `test_sglang_soak.py`). A ValueError there is SGLang's HTTP 400."""
+    from oscar_sgl.sglang.plugin import check_prompt_ids
+
+    check_prompt_ids([0, 5, 49151], 49152)
+    check_prompt_ids(None, 49152)  # input_embeds: not ours to check
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        check_prompt_ids([], 49152)
+    with pytest.raises(ValueError, match="token id 49152, outside the model's vocabulary \\[0, 49152\\)"):
+        check_prompt_ids([1, 49152, 2], 49152)
+    with pytest.raises(ValueError, match="token id -3"):
+        check_prompt_ids([1, -3], 49152)

@@ -192,6 +192,40 @@ def _around_from_cli_args(original: Callable[..., Any], cls: type, args: argpars
 
 
 # --------------------------------------------------------------------------------------------
+# Requests (the launcher's tokenizer manager)
+# --------------------------------------------------------------------------------------------
+
+
+def check_prompt_ids(input_ids: Any, vocab_size: int) -> None:
+    """Refuse (ValueError: HTTP 400) a prompt SGLang 0.5.23 would accept and then crash its scheduler
+    on, killing the whole server: an empty prompt (`"text": ""` tokenizes to no token; the CPU
+    forward of a 0-token extend raises in the rotary embedding), or a token id outside
+    ``[0, vocab_size)`` (`"input_ids": [..., 49152]`: the embedding lookup raises IndexError on a
+    CPU; on CUDA an out-of-range gather is undefined). SGLang itself refuses only `"input_ids": []`."""
+    if input_ids is None:  # input_embeds / multimodal requests: nothing to check here
+        return
+    if len(input_ids) == 0:
+        raise ValueError("the prompt is empty (0 tokens): send at least one token")
+    lo, hi = min(input_ids), max(input_ids)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"input_ids contains token id {bad}, outside the model's vocabulary [0, {vocab_size})")
+
+
+@_hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "AROUND")
+def _around_validate_one_request(original: Callable[..., Any], self: Any, obj: Any, input_ids: Any,
+                                 *args: Any, **kwargs: Any) -> Any:
+    """Every generate request (text or input_ids, single or batch) passes here after tokenization;
+    with --kv-cache oscar, requests that would kill the scheduler get a 400 instead (found by the
+    server soak, benches/results/reliability.md). Other servers are left as SGLang makes them."""
+    if oscar_config_of(self.server_args) is not None:
+        vocab = getattr(self.model_config, "vocab_size", None)
+        if vocab:
+            check_prompt_ids(input_ids, int(vocab))
+    return original(self, obj, input_ids, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
 # Pool sizing and construction (scheduler processes)
 # --------------------------------------------------------------------------------------------
 

@@ -99,6 +99,7 @@ class OscarStep:
         self.direct_plan: torch.Tensor | None = None
         self._direct_pages: torch.Tensor | None = None
         self.begun = False
+        self.layers_done = 0  # layers of the begun forward that wrote and sealed (see `begin`)
         self.in_graph = False
         self._meta: tuple[Any, Any, dict[str, Any]] | None = None
         self.graph_plan: torch.Tensor | None = None
@@ -142,11 +143,29 @@ class OscarStep:
         (one call), apply the page -> staging map changes, set the seal plans. Returns the runtime's
         answer, or None when the step had already begun.
 
-        Idempotent within a forward (the last layer ends the step) unless `new_step` (the backend's
-        `init_forward_metadata`): then a begun step whose layers never ran keeps its seal plans,
-        merged into the new ones, so no seal is lost."""
+        Idempotent within a forward (the last layer ends the step). With `new_step` (the backend's
+        `init_forward_metadata`) while a step is still begun (its forward never finished its last
+        layer): with nothing recorded since, the same step is kept (the same batch again: a second
+        `init_forward_metadata`, or a retry after a fault mid-step); otherwise a step whose layers
+        never ran keeps its seal plans, merged into the new ones, so no seal is lost, and a step
+        that failed mid-way (some layers done, its batch since aborted) is dropped."""
         if self.begun and not new_step:
             return None
+        if self.begun and not len(self.events):
+            # The forward that began this step never finished its last layer and nothing was
+            # recorded since: the same batch again (init_forward_metadata twice for one forward,
+            # or a retry after a fault mid-step). Its step already reached the runtime and the
+            # maps: keep it as is (a runtime call now would retire the staging pages its seals
+            # still read); every layer writes and seals again.
+            self.layers_done = 0
+            self._meta = None
+            return None
+        if self.begun and self.layers_done:
+            # A forward that raised mid-step (some layers had written and sealed), then events:
+            # the scheduler moved on (SGLang 0.5.23's does not survive such a fault; an in-process
+            # caller aborts the batch, releasing its pages). Its seals are dropped, not carried
+            # into this step: their pages belong to aborted requests and may be handed out again.
+            self._drop_failed_forward()
         carried = self.seal_host if self.begun else []
         carried_direct = self.direct_host if self.begun else []
         ops, ids = self.events.drain()
@@ -189,8 +208,20 @@ class OscarStep:
 
     def end_layer(self, layer: int, num_layers: int) -> None:
         """A layer wrote and sealed; the last one ends the step."""
+        self.layers_done += 1
         if layer == num_layers - 1:
             self.begun = False
+            self.layers_done = 0
+
+    def _drop_failed_forward(self) -> None:
+        """A forward raised mid-step and its batch was not retried: close the step without its
+        seal plans. The runtime already counts those pages as sealed; the requests that own them
+        were aborted, so SGLang releases them (the next step or flush frees them and the staging)."""
+        self.seal_host, self.direct_host = [], []
+        self.seal_plan = self.direct_plan = None
+        self.begun = False
+        self.layers_done = 0
+        self._meta = None
 
     def flush(self) -> bool:
         """Between steps: the events SGLang logged after the last forward (finished requests'
@@ -198,8 +229,14 @@ class OscarStep:
         page states and staging use it reports are those after the step. Skipped while a forward is
         under way (its seals still need their staging pages) and when the log already holds the next
         batch's allocations. Returns whether events were applied."""
-        if self.begun or not len(self.events) or self.pending_opens or not self.events.only_between_steps():
+        if not len(self.events) or self.pending_opens or not self.events.only_between_steps():
             return False
+        if self.begun:
+            if not self.layers_done:  # a forward under way (or begun, no layer yet)
+                return False
+            # A forward that raised mid-step, then result-processing events (its batch aborted):
+            # without this, an idle server would keep reporting its pages open until a next step.
+            self._drop_failed_forward()
         ops, ids = self.events.drain()
         self.runtime.flush_arrays(ops, ids)
         return True
@@ -213,6 +250,7 @@ class OscarStep:
         self.seal_host, self.direct_host = [], []
         self.seal_plan = self.direct_plan = self._direct_pages = None
         self.begun = False
+        self.layers_done = 0
         self._meta = None
         self.page_map.fill_(-1)
         self.scratch_map.fill_(-1)
