@@ -382,6 +382,23 @@ def bench_sdpa(batch: int, ctx: int, budget: float) -> dict:
     return {"kv_bytes": per_call, "copies": copies, "bytes": total, "TBps": total / (t["us"] * 1e-6) / 1e12, **t}
 
 
+def bench_authors(build_dir: str, batch: int, ctx: int, group: int) -> dict:
+    """The OScaR authors' CUDA kernel at one shape (benches/peers/oscar_authors.py), in a process of
+    its own: an illegal memory access there must not take this process's CUDA context with it."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers", "oscar_authors.py")
+    cmd = [sys.executable, script, "bench", "--build-dir", build_dir, "--batch", str(batch), "--ctx", str(ctx), "--group", str(group)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return {"group": group, "error": "timed out after 180 s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"group": group, "error": f"rc {p.returncode}: " + (p.stderr or p.stdout)[-1500:]}
+
+
 # ------------------------------------------------------------------------------------------------
 # write path and seal
 # ------------------------------------------------------------------------------------------------
@@ -533,6 +550,13 @@ def summarize(res: dict) -> list[dict]:
                 row["target_vs_sglang"] = TARGETS["sglang"]
                 row["met_vs_sglang"] = None if row["vs_sglang"] is None else row["vs_sglang"] >= TARGETS["sglang"]
             row["met_write_share"] = None if row["write_share"] is None else row["write_share"] <= TARGETS["write_share"]
+            if bits == 2:
+                for group in (32, 128):
+                    a = sh.get(f"authors_g{group}")
+                    if a is not None:
+                        row[f"authors_g{group}_us"] = a.get("us")
+                        row[f"authors_g{group}_error"] = None if "us" in a else a.get("error", "")[-300:]
+                        row[f"vs_authors_g{group}"] = a["us"] / best["us"] if "us" in a else None
             rows.append(row)
     return rows
 
@@ -592,6 +616,18 @@ def markdown(res: dict, rows: list[dict]) -> str:
             f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
             f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))} |"
         )
+    peer = [r for r in rows if r["bits"] == 2 and ("authors_g32_us" in r or "authors_g128_us" in r)]
+    if peer:
+        lines += ["", "INT2 against the OScaR authors' CUDA kernel (benches/peers/oscar_authors.py: fp16, k-channel, token norm on, "
+                  "ctx - 256 tokens packed + 128 in their fp16 residual block; same timing harness). 'failed' gives their error.", "",
+                  "| B | ctx | OScaR (ours, group 32) us | authors group 32 us | x authors g32 | authors group 128 us | x authors g128 |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in peer:
+            cells = []
+            for group in (32, 128):
+                us = r.get(f"authors_g{group}_us")
+                cells += [f"{us:.1f}", f"{r[f'vs_authors_g{group}']:.2f}"] if us else ["failed", "-"]
+            lines.append(f"| {r['batch']} | {r['ctx']} | {r['oscar_us']:.1f} | " + " | ".join(cells) + " |")
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
         lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
@@ -636,6 +672,7 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed]],... (overrides the sweep; bn 0: the default)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend / prefill shapes (both --oscar-prefill modes vs SGLang)")
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
+    ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
@@ -685,6 +722,13 @@ def main() -> None:
         except Exception:  # noqa: BLE001
             log(traceback.format_exc())
             sh["sdpa"] = {"error": traceback.format_exc()[-2000:]}
+        if args.authors:
+            for group in (32, 128):
+                log(f"authors' CUDA kernel INT2 group {group} B={b} ctx={ctx}")
+                a = bench_authors(args.authors, b, ctx, group)
+                sh[f"authors_g{group}"] = a
+                log(f"    authors g{group}: " + (f"{a['us']:8.2f} us  {a['TBps']:.2f} TB/s  rel_rms vs exact {a['rel_rms_vs_exact']:.3f}"
+                                               if "us" in a else "FAILED " + a["error"][-600:]))
         res["shapes"].append(sh)
         json.dump(res, open(os.path.join(args.out, "kernels.json"), "w"), indent=1)
     if args.decode_only:
