@@ -7,12 +7,17 @@ import sys
 import pytest
 
 
+#: A valid shape and budget: each bad-input case changes or adds one flag.
+LLAMA = ["--shape", "32,8,128"]
+LLAMA_80GB = [*LLAMA, "--gpu-mem-gb", "80"]
+
+
 def _plan(*args):
     return subprocess.run([sys.executable, "-m", "oscar_sgl", "plan", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_plan_llama_shape():
-    r = _plan("--shape", "32,8,128", "--gpu-mem-gb", "80")
+    r = _plan(*LLAMA_80GB)
     assert r.returncode == 0, r.stderr
     tokens = {m.group(1): int(m.group(2).replace(",", "")) for m in re.finditer(r"^(bf16|fp8|int4|int2)\s+\S+\s+\S+\s+([\d,]+)", r.stdout, re.M)}
     assert set(tokens) == {"bf16", "fp8", "int4", "int2"}
@@ -26,12 +31,9 @@ def test_plan_llama_shape():
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["--shape", "32,8,128", "--gpu-mem-gb", "inf"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got inf"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "1e30"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got 1e30"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "nan"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got nan"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "-1"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got -1"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "lots"], "error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got lots"),
-        (["--shape", "32,8,128"], "error: the following arguments are required: --gpu-mem-gb"),
+        *[([*LLAMA, "--gpu-mem-gb", gb], f"error: --gpu-mem-gb must be a positive number of GB below 1.84e+10, got {gb}")
+          for gb in ("inf", "1e30", "nan", "-1", "lots")],
+        (LLAMA, "error: the following arguments are required: --gpu-mem-gb"),
         (["--shape=-1,8,128", "--gpu-mem-gb", "80"],
          "error: --shape must be LAYERS,KV_HEADS,HEAD_DIM, three positive integers below 2^31, got -1,8,128"),
         (["--shape", "32,8", "--gpu-mem-gb", "80"],
@@ -44,21 +46,21 @@ def test_plan_llama_shape():
         (["--shape", "2000000000,2000000000,1073741824", "--gpu-mem-gb", "80"],
          "error: --shape must describe a KV cache OScaR can quantize and the planner can count: the byte count of "
          "one page overflows 64 bits (the shape or page size is too large)"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--page-size", "100"],
+        ([*LLAMA_80GB, "--page-size", "100"],
          "error: --page-size must be a positive multiple of --k-group (32), got 100: a page is sealed whole, and "
          "no key group may straddle a seal"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--page-size", "0"],
+        ([*LLAMA_80GB, "--page-size", "0"],
          "error: --page-size must be a positive integer below 2^31, got 0"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--k-group", "7"],
+        ([*LLAMA_80GB, "--k-group", "7"],
          "error: --k-group must be a positive power of two, got 7"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--max-running-requests", "99999999999"],
+        ([*LLAMA_80GB, "--max-running-requests", "99999999999"],
          "error: --max-running-requests must be a positive integer below 2^31, got 99999999999"),
-        (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--norm-scope", "rank"],
+        ([*LLAMA_80GB, "--norm-scope", "rank"],
          "error: --norm-scope must be one of 'layer', 'head', got 'rank'"),
         (["--model", "/nonexistent-model", "--gpu-mem-gb", "80"],
          "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
          "config.json (no model is fetched from a hub)"),
-        (["--model", "default", "--shape", "32,8,128", "--gpu-mem-gb", "80"],
+        (["--model", "default", *LLAMA_80GB],
          "error: --shape: not allowed with argument --model"),
     ],
 )
@@ -75,7 +77,7 @@ def test_plan_says_why_nothing_fits():
     assert "note: int4, int2: no token fits, because the BF16 staging pool alone (0.773 GB: 262 pages for " \
            "--max-running-requests 128 and --max-prefill-tokens 16384) exceeds the 0.5 GB budget; raise --gpu-mem-gb " \
            "or lower those two" in r.stdout
-    r = _plan("--shape", "32,8,128", "--gpu-mem-gb", "0.0001")  # 100 kB: not two BF16 pages of 128 tokens
+    r = _plan(*LLAMA, "--gpu-mem-gb", "0.0001")  # 100 kB: not two BF16 pages of 128 tokens
     assert r.returncode == 0, r.stderr
     assert "note: bf16, fp8: no token fits, because the 0.0001 GB budget holds fewer than two pages of 128 " \
            "tokens (one is SGLang's padding page); raise --gpu-mem-gb or lower --page-size" in r.stdout

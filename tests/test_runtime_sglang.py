@@ -18,7 +18,6 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang is not installed: the allocator subclass needs its real radix caches")
 torch = pytest.importorskip("torch")
 
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang_support.scheduler import KINDS, FakeScheduler, Req  # noqa: E402
 
@@ -73,6 +72,22 @@ class Harness(FakeScheduler):
 
     def idle(self) -> None:
         self.step([])
+
+    def extend_step(self, reqs: list[Req]) -> None:
+        """A prefill step of ``reqs``: the scheduler's extend, then the step (runtime call, forward)."""
+        self.extend(reqs)
+        self.step(reqs)
+
+    def decode_step(self, reqs: list[Req]) -> None:
+        """A decode step of ``reqs``: the scheduler's decode, then the step."""
+        self.decode(reqs)
+        self.step(reqs)
+
+    def drain_and_check(self) -> None:
+        """The end of a test: one step for the events queued so far (finishes, aborts), then evict
+        the whole tree and check that everything came back (``evict_all_and_check``)."""
+        self.step([])
+        self.evict_all_and_check()
 
     def begin(self) -> StepResult:
         """The step's one runtime call (`OscarStep.begin`); this emulated forward has one layer."""
@@ -132,14 +147,9 @@ def test_two_requests_share_a_sealed_prefix(kind: str, need_sort: bool) -> None:
     h = Harness(kind, pages=32, staging=12, need_sort=need_sort)
     shared = _prompt(1, 18)
     a = h.admit(shared + [7, 7, 7], gen=5, chunk=8)  # chunked prefill: 8 + 8 + 5 tokens
-    while a.seq_len < a.prompt_len:
-        h.extend([a])
-        h.step([a])
-        if a.seq_len < a.prompt_len:
-            h.checkpoint(a)
+    h.chunked_prefill(a)
     for _ in range(5):
-        h.decode([a])
-        h.step([a])
+        h.decode_step([a])
     h.finish(a)
     h.step([])
     tree_pages = h.rt.stats().tree_pages
@@ -154,22 +164,19 @@ def test_two_requests_share_a_sealed_prefix(kind: str, need_sort: bool) -> None:
         assert (info.state, info.owner) == ("sealed", "tree")
     packed_before = {p: h.packed[p].copy() for p in shared_pages}
     c = h.admit(shared + [5], gen=3, chunk=32)  # a third request on the same prefix, concurrently
-    h.extend([b, c])
-    h.step([b, c])
+    h.extend_step([b, c])
     h.step([])  # the lock events of B and C reach the runtime
     for page in shared_pages:
         assert h.rt.page_info(page).locks == 2
     for _ in range(6):
         running = [r for r in (b, c) if r.seq_len < r.max_len]
-        h.decode(running)
-        h.step(running)
+        h.decode_step(running)
     for page in shared_pages:
         assert np.array_equal(h.packed[page], packed_before[page]), f"shared page {page} was rewritten"
     assert h.shared_reads > 0
     h.finish(b)
     h.abort(c)
-    h.step([])
-    h.evict_all_and_check()
+    h.drain_and_check()
     assert h.rt.stats().seals_total >= tree_pages
 
 
@@ -179,15 +186,10 @@ def test_eviction_under_pressure(kind: str) -> None:
     held: list[Req] = []
     for i in range(12):
         r = h.admit(_prompt(i + 2, 9), gen=3, chunk=16)  # 3 pages each once decoded
-        need = -(-r.max_len // P)
-        if h.alloc.available_size() < need * P:
-            # What the scheduler does before a prefill that does not fit: evict unlocked leaves.
-            h.cache.evict(EvictParams(num_tokens=need * P - h.alloc.available_size()))
-        h.extend([r])
-        h.step([r])
+        h.make_room(r)
+        h.extend_step([r])
         for _ in range(3):
-            h.decode([r])
-            h.step([r])
+            h.decode_step([r])
         if i % 4 == 0:
             held.append(r)  # keep a few running: their pages must survive every eviction
         else:
@@ -197,19 +199,16 @@ def test_eviction_under_pressure(kind: str) -> None:
     for r in held:
         h.read(r)
         h.finish(r)
-    h.step([])
-    h.evict_all_and_check()
+    h.drain_and_check()
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_abort_mid_prefill_returns_everything(kind: str) -> None:
     h = Harness(kind, pages=24, staging=10)
     a = h.admit(_prompt(3, 30), gen=2, chunk=9)
-    h.extend([a])
-    h.step([a])
+    h.extend_step([a])
     h.checkpoint(a)  # two sealed pages now in the tree, one open page with 1 token
-    h.extend([a])
-    h.step([a])
+    h.extend_step([a])
     assert h.rt.stats().open_pages == 1
     h.abort(a)
     h.step([])
@@ -218,11 +217,9 @@ def test_abort_mid_prefill_returns_everything(kind: str) -> None:
     # A request that re-prefills the same prompt reuses the sealed pages in the tree.
     b = h.admit(_prompt(3, 30), gen=0, chunk=32)
     assert b.protected == 8
-    h.extend([b])
-    h.step([b])
+    h.extend_step([b])
     h.finish(b)
-    h.step([])
-    h.evict_all_and_check()
+    h.drain_and_check()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -235,15 +232,13 @@ def test_staging_exhaustion_is_raised_before_sglang_allocates(kind: str) -> None
     assert isinstance(err.value, MemoryError)
     assert h.alloc.available_size() == free_before, "SGLang's free list must be untouched"
     h.abort(r)
-    h.step([])
-    h.evict_all_and_check()
+    h.drain_and_check()
 
 
 def test_clear_resets_the_runtime() -> None:
     h = Harness("radix", pages=8, staging=4)
     r = h.admit(_prompt(5, 6), gen=0, chunk=8)
-    h.extend([r])
-    h.step([r])
+    h.extend_step([r])
     assert h.rt.stats().open_pages == 1
     h.alloc.clear()
     res = h.begin()

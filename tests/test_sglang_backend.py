@@ -20,6 +20,7 @@ from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
 from oscar_sgl.sglang.metrics import snapshot  # noqa: E402
 from oscar_sgl.sglang.pool import pool_class_for  # noqa: E402
+from support.kernel_data import query_reference  # noqa: E402
 
 H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
 CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
@@ -46,19 +47,6 @@ def _batch(row, slots, prefix, seq):
         req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([seq]),
         extend_prefix_lens=torch.tensor([prefix]), out_cache_loc=slots[prefix:seq],
     )
-
-
-def _expected(q, k_all, v_all, pos, step_start, prefill):
-    """reference.decode_attention for the query at `pos` of a step starting at `step_start`: the pages
-    below its own page quantized and its page exact (`position`), or the pages sealed before the
-    step quantized and everything after them exact (`exact`: a fresh prompt is exact)."""
-    own = (pos if prefill == "position" else step_start) // P * P
-    kbs, vbs = [], []
-    for s in range(0, own, P):
-        kb, vb = ref.seal(k_all[:, s:s + P], v_all[:, s:s + P], CFG)
-        kbs.append(kb)
-        vbs.append(vb)
-    return ref.decode_attention(q, kbs, vbs, k_all[:, own:pos + 1], v_all[:, own:pos + 1], CFG, D ** -0.5)
 
 
 @pytest.mark.parametrize("mode", ["position", "exact"])
@@ -95,7 +83,7 @@ def test_extend_then_decode_equals_reference(prefill, mode):
             fwd = backend.forward_decode if decode else backend.forward_extend
             o = fwd(q, k, v, layer, fb).reshape(seq - prefix, HQ, D)
             for i, pos in enumerate(range(prefix, seq)):
-                want = _expected(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode)
+                want = query_reference(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode, CFG, D ** -0.5)
                 torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
 
     step(0, prefill, decode=False)  # a fresh prompt (exact attention with `exact`)

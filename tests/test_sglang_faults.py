@@ -79,8 +79,20 @@ def _shared_prefix(srv: Server) -> list[int]:
     return shared
 
 
-def _decode_to_page_end(srv: Server, reqs: list[Any]) -> None:
-    """Decode until the next decode step fills a page of the first request (its seal is planned)."""
+def _two_requests(kind: str) -> tuple[Server, list[int], Any, Any]:
+    """A server whose tree holds a shared prefix, and two admitted requests: B on that prefix, C on
+    a prompt of its own."""
+    srv = Server(kind, pages=24)
+    shared = _shared_prefix(srv)
+    b = srv.admit(shared + [9, 9], gen=12, chunk=32)
+    c = srv.admit(_prompt(5, 13), gen=12, chunk=32)
+    return srv, shared, b, c
+
+
+def _run_to_page_end(srv: Server, reqs: list[Any]) -> None:
+    """Prefill ``reqs``, then decode until the next decode step fills a page of the first request
+    (its seal is planned)."""
+    srv.extend(reqs)
     while (reqs[0].seq_len + 1) % P:
         srv.decode(reqs)
 
@@ -88,15 +100,11 @@ def _decode_to_page_end(srv: Server, reqs: list[Any]) -> None:
 @pytest.mark.parametrize("where", ["seal", "attention"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_fault_mid_step_then_abort(kind: str, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    srv = Server(kind, pages=24)
-    shared = _shared_prefix(srv)
-    b = srv.admit(shared + [9, 9], gen=12, chunk=32)
-    c = srv.admit(_prompt(5, 13), gen=12, chunk=32)
+    srv, shared, b, c = _two_requests(kind)
     assert b.protected == 16
     shared_pages = sorted(set((b.row[:16] // P).tolist()))
     before = srv.codes_of(shared_pages)
-    srv.extend([b, c])
-    _decode_to_page_end(srv, [b, c])
+    _run_to_page_end(srv, [b, c])
     fault = _fault(where, srv, monkeypatch)
     fault.armed = True
     with pytest.raises(Injected):
@@ -133,12 +141,8 @@ def test_fault_mid_step_then_abort(kind: str, where: str, monkeypatch: pytest.Mo
 @pytest.mark.parametrize("where", ["seal", "attention"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_fault_mid_step_then_retry(kind: str, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    srv = Server(kind, pages=24)
-    shared = _shared_prefix(srv)
-    b = srv.admit(shared + [9, 9], gen=12, chunk=32)
-    c = srv.admit(_prompt(5, 13), gen=12, chunk=32)
-    srv.extend([b, c])
-    _decode_to_page_end(srv, [b, c])
+    srv, _, b, c = _two_requests(kind)
+    _run_to_page_end(srv, [b, c])
     fault = _fault(where, srv, monkeypatch)
 
     failed: list[tuple[tuple, dict]] = []

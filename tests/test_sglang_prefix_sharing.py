@@ -26,8 +26,8 @@ from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang_support.scheduler import KINDS, FakeScheduler, Req  # noqa: E402
+from support.kernel_data import query_reference  # noqa: E402
 
-from oscar_sgl import reference as ref  # noqa: E402
 from oscar_sgl.config import OscarConfig  # noqa: E402
 from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
@@ -60,14 +60,7 @@ def expected(tokens: list[int], pos: int, step_start: int, li: int, mode: str = 
     """The reference for the query at `pos` of a step starting at `step_start`: with `--oscar-prefill
     position` (the default) a function of the tokens up to `pos` alone, whatever the step."""
     k, v, q = kvq(tokens, 0, pos + 1, li)
-    k, v = k.transpose(0, 1), v.transpose(0, 1)
-    own = (pos if mode == "position" else step_start) // P * P
-    kbs, vbs = [], []
-    for s in range(0, own, P):
-        kb, vb = ref.seal(k[:, s:s + P], v[:, s:s + P], CFG)
-        kbs.append(kb)
-        vbs.append(vb)
-    return ref.decode_attention(q[pos], kbs, vbs, k[:, own:], v[:, own:], CFG, SM)
+    return query_reference(q[pos], k.transpose(0, 1), v.transpose(0, 1), pos, step_start, mode, CFG, SM)
 
 
 class Server(FakeScheduler):
@@ -148,10 +141,7 @@ def test_shared_prefix_eviction_abort(kind: str, mode: str) -> None:
     shared = _prompt(1, 19)
     # A: chunked prefill (8 + 8 + 6 tokens), decode, finish: its whole pages go to the tree.
     a = srv.admit(shared + [3, 3, 3], gen=6, chunk=8)
-    while a.seq_len < a.prompt_len:
-        srv.extend([a])
-        if a.seq_len < a.prompt_len:
-            srv.checkpoint(a)
+    srv.chunked_prefill(a)
     for _ in range(6):
         srv.decode([a])
     srv.finish(a)
@@ -205,9 +195,7 @@ def test_eviction_under_pressure_and_retraction(kind: str) -> None:
     held: list[Req] = []
     for i in range(6):
         r = srv.admit(_prompt(i + 10, 11), gen=3, chunk=16)  # 2 pages once decoded
-        need = -(-r.max_len // P)
-        if srv.alloc.available_size() < need * P:
-            srv.cache.evict(EvictParams(num_tokens=need * P - srv.alloc.available_size()))
+        srv.make_room(r)
         srv.extend([r])
         for _ in range(3):
             srv.decode([r])

@@ -11,6 +11,7 @@ path computes the same values with integer ops).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -172,10 +173,12 @@ def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> 
     return n, hq, d, h, p, s_cols
 
 
-def pool_arguments(layer: PagedLayer) -> dict[str, torch.Tensor]:
-    """The pool arguments of the attention kernels by parameter name: codes and params as the int32
-    views ``tile_raw`` reads, the token scales (any tensor when None: not read with S == 0), the
-    staging pages and the page -> staging map."""
+def pool_arguments(layer: PagedLayer) -> dict[str, object]:
+    """What the attention kernels read about the layer's pool, by parameter name: the codes and
+    params as the int32 views ``tile_raw`` reads, the token scales (any tensor when None: not read
+    with S == 0), the staging pages and the page -> staging map, and the pool's compile-time shape
+    and format (``H, D, P, S, BITS, G_K, G_V``). ``layer`` as checked by ``check_attention_inputs``."""
+    _, h, p, _ = layer.k_codes.shape
     return {
         "kw_ptr": layer.k_codes.view(torch.int32),
         "kp_ptr": layer.k_params.flatten(-2).view(torch.int32),
@@ -185,7 +188,20 @@ def pool_arguments(layer: PagedLayer) -> dict[str, torch.Tensor]:
         "stg_k_ptr": layer.staging_k,
         "stg_v_ptr": layer.staging_v,
         "p2s_ptr": layer.page_to_staging,
+        "H": h,
+        "D": layer.staging_k.shape[3],
+        "P": p,
+        "S": layer.scale.shape[-1] if layer.scale is not None else 0,
+        "BITS": layer.bits,
+        "G_K": layer.k_group,
+        "G_V": layer.v_group,
     }
+
+
+def rotation_arguments(head_dim: int, rotation: bool) -> dict[str, object]:
+    """The compile-time arguments of ``fwht_rows`` / ``load_rotated`` by parameter name: whether to
+    rotate, log2 of the head dimension (a power of two, else ValueError) and the normalization."""
+    return {"ROTATE": rotation, "LOG2D": log2_exact(head_dim, "head_dim"), "INV_SQRT_D": 1.0 / math.sqrt(head_dim)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
-                     interpreting, log2_exact, pool_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne, use_asm,
-                     write_token)
+                     interpreting, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
+                     use_asm, write_token)
 
 
 @triton.jit
@@ -439,10 +439,9 @@ def oscar_decode_attention(
         ``out``, the attention output in the model's basis.
     """
     b, hq, d, h, p, s_cols = check_attention_inputs(q, layer, rows="B")
-    bits, k_group, v_group = layer.bits, layer.k_group, layer.v_group
     check_int32(kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens)
     group = hq // h
-    log2d = log2_exact(d, "head_dim")
+    rotate = rotation_arguments(d, layer.rotation)  # ValueError unless head_dim is a power of two
     write = new_k is not None or new_v is not None or new_loc is not None
     new_strides = (0, 0, 0, 0)  # (new_k, new_v) x (request, head)
     if write:
@@ -458,7 +457,7 @@ def oscar_decode_attention(
     if q_rot is not None:
         check_fp32_buffer("q_rot", q_rot, (b, hq, d))
     tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
-    check_sealed_tile(tune.block_n, page_size=p, k_group=k_group)
+    check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     if tune.num_splits is not None:
         num_splits = tune.num_splits
     else:
@@ -506,15 +505,9 @@ def oscar_decode_attention(
         stride_ob=out.stride(0),
         stride_oh=out.stride(1),
         sm_scale_log2=sm_scale * math.log2(math.e),
-        H=h,
+        **rotate,
         GROUP=group,
         BLOCK_H=max(8 if tune.transposed else 16, block_g),
-        D=d,
-        BITS=bits,
-        P=p,
-        G_K=k_group,
-        G_V=v_group,
-        S=s_cols,
         BLOCK_N=tune.block_n,
         BLOCK_T=tune.block_t,
         USE_ASM=use_asm(q.device),
@@ -522,9 +515,6 @@ def oscar_decode_attention(
         ROT_Q=q_rot is None,
         WRITE=write,
         MERGE=fused_merge,
-        ROTATE=layer.rotation,
-        LOG2D=log2d,
-        INV_SQRT_D=1.0 / math.sqrt(d),
         BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h),
         CHUNK=chunk,

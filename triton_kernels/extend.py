@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
-                     log2_exact, pool_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
+                     pool_arguments, rotation_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
 from .write import oscar_rotate_q
 
 
@@ -266,14 +266,13 @@ def oscar_extend_attention(
         position: the boundary by position (True) or by the prefix's end (False), module docstring.
         _tuning: tests and benchmarks only: an ``_ExtendTuning`` instead of ``_default_tuning``'s.
     """
-    t, hq, d, h, p, s_cols = check_attention_inputs(q, layer, rows="T")
-    bits, k_group, v_group, rotation = layer.bits, layer.k_group, layer.v_group, layer.rotation
+    t, hq, d, h, p, _ = check_attention_inputs(q, layer, rows="T")
     if k.shape != (t, h, d) or v.shape != (t, h, d) or k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError(f"k and v must be [T={t}, H={h}, D={d}] contiguous along D")
     if k.dtype != v.dtype:
         raise TypeError("k and v must share a dtype")
     check_int32(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, prefix_lens=prefix_lens)
-    log2d = log2_exact(d, "head_dim")
+    rotate = rotation_arguments(d, layer.rotation)  # ValueError unless head_dim is a power of two
     b = prefix_lens.shape[0]
     if qo_indptr.shape != (b + 1,):
         raise ValueError(f"qo_indptr must be [B + 1] = [{b + 1}], got {tuple(qo_indptr.shape)}")
@@ -281,9 +280,9 @@ def oscar_extend_attention(
     gp = triton.next_power_of_2(hq // h)
     if tune.block_m % gp or tune.block_m < 16 or tune.block_m & (tune.block_m - 1):
         raise ValueError(f"block_m={tune.block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
-    check_sealed_tile(tune.block_n, page_size=p, k_group=k_group)
+    check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     if q_rot is None:
-        q_rot = oscar_rotate_q(q=q, rotation=rotation)
+        q_rot = oscar_rotate_q(q=q, rotation=layer.rotation)
     else:
         check_fp32_buffer("q_rot", q_rot, (t, hq, d))
     if out is None:
@@ -312,20 +311,11 @@ def oscar_extend_attention(
         stride_vh=v.stride(1),
         stride_ot=out.stride(0),
         stride_oh=out.stride(1),
-        H=h,
+        **rotate,
         GROUP=hq // h,
-        D=d,
-        LOG2D=log2d,
-        BITS=bits,
-        P=p,
-        G_K=k_group,
-        G_V=v_group,
-        S=s_cols,
         BLOCK_M=tune.block_m,
         GP=gp,
         BLOCK_N=tune.block_n,
-        ROTATE=rotation,
-        INV_SQRT_D=1.0 / math.sqrt(d),
         POSITION=bool(position),
         INTERPRET=interpreting(),
         USE_ASM=use_asm(q.device),

@@ -10,13 +10,11 @@ this one).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from .common import check_fp32_buffer, check_int32, check_staging, load_rotated, log2_exact, store_rotated_rows, store_token_scales, to_bf16_rne
+from .common import check_fp32_buffer, check_int32, check_staging, load_rotated, rotation_arguments, store_rotated_rows, store_token_scales, to_bf16_rne
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -47,47 +45,61 @@ def _write_kv_kernel(
     S: tl.constexpr,
     ROTATE: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
+    HAS_KV: tl.constexpr,
     HAS_Q: tl.constexpr,
 ):
+    # One program per token: its K/V into staging (HAS_KV), its queries rotated (HAS_Q), or both.
     i_t = tl.program_id(0).to(tl.int64)
-    o_h = tl.arange(0, BLOCK_H)
-    o_d = tl.arange(0, D)
-    m_h = o_h < H
-
-    loc = tl.load(loc_ptr + i_t).to(tl.int64)
-    page = loc // P
-    slot = loc % P
-    stg = tl.load(p2s_ptr + page).to(tl.int64)
-    # A token of a sealed page (or the padding slot of a CUDA-graph batch) is never written.
-    if stg >= 0:
-        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
-        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
-        o_stg = ((stg * H + o_h[:, None]) * P + slot) * D + o_d[None, :]
-        tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k), mask=m_h[:, None])
-        tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v), mask=m_h[:, None])
-        store_token_scales(b_k, stg_scale_ptr + (stg * P + slot) * S, o_h, m_h, S)
+    if HAS_KV:
+        o_h = tl.arange(0, BLOCK_H)
+        o_d = tl.arange(0, D)
+        m_h = o_h < H
+        loc = tl.load(loc_ptr + i_t).to(tl.int64)
+        page = loc // P
+        slot = loc % P
+        stg = tl.load(p2s_ptr + page).to(tl.int64)
+        # A token of a sealed page (or the padding slot of a CUDA-graph batch) is never written.
+        if stg >= 0:
+            b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+            b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+            o_stg = ((stg * H + o_h[:, None]) * P + slot) * D + o_d[None, :]
+            tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k), mask=m_h[:, None])
+            tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v), mask=m_h[:, None])
+            store_token_scales(b_k, stg_scale_ptr + (stg * P + slot) * S, o_h, m_h, S)
     if HAS_Q:
         o_hq = tl.arange(0, BLOCK_HQ)
         store_rotated_rows(q_ptr, q_out_ptr, i_t, stride_qt, stride_qh, o_hq, o_hq < HQ, HQ, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
-def _rotate_q_kernel(
-    q_ptr,
-    q_out_ptr,
-    num_tokens,
-    stride_qt,
-    stride_qh,
-    HQ: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    D: tl.constexpr,
-    LOG2D: tl.constexpr,
-    ROTATE: tl.constexpr,
-    INV_SQRT_D: tl.constexpr,
-):
-    i_t = tl.program_id(0).to(tl.int64)
-    o_hq = tl.arange(0, BLOCK_HQ)
-    store_rotated_rows(q_ptr, q_out_ptr, i_t, stride_qt, stride_qh, o_hq, o_hq < HQ, HQ, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
+# The K/V arguments of a launch that only rotates queries (not read without HAS_KV).
+_KV_POINTERS = ("k_ptr", "v_ptr", "loc_ptr", "p2s_ptr", "stg_k_ptr", "stg_v_ptr", "stg_scale_ptr")
+_KV_SIZES = ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "S")
+
+
+def _launch(t: int, d: int, rotate: dict[str, object], q: torch.Tensor | None, q_out: torch.Tensor | None,
+            kv: dict[str, object] | None) -> None:
+    """``_write_kv_kernel`` over ``t`` tokens of head dim ``d``: the K/V write when ``kv`` (its K/V
+    arguments by name) is given, the query rotation into ``q_out`` when ``q`` is; ``rotate``:
+    ``rotation_arguments``."""
+    has_kv = kv is not None
+    if not has_kv:
+        kv = {**dict.fromkeys(_KV_POINTERS, q), **dict.fromkeys(_KV_SIZES, 0), "H": 1, "BLOCK_H": 1, "P": 1}
+    hq = q.shape[1] if q is not None else 1
+    _write_kv_kernel[(t,)](
+        **kv,
+        q_ptr=q if q is not None else kv["k_ptr"],  # not read without HAS_Q
+        q_out_ptr=q_out if q_out is not None else kv["k_ptr"],
+        num_tokens=t,
+        stride_qt=q.stride(0) if q is not None else 0,
+        stride_qh=q.stride(1) if q is not None else 0,
+        HQ=hq,
+        BLOCK_HQ=triton.next_power_of_2(hq),
+        D=d,
+        **rotate,
+        HAS_KV=has_kv,
+        HAS_Q=q is not None,
+        num_warps=4,
+    )
 
 
 def oscar_write_kv(
@@ -122,54 +134,40 @@ def oscar_write_kv(
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"k and v must both be [T, H, D], got {tuple(k.shape)} / {tuple(v.shape)}")
     t, h, d = k.shape
-    log2d = log2_exact(d, "head_dim")
+    rotate = rotation_arguments(d, rotation)
     page_size, s_cols = check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d)
     if k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError("k and v must be contiguous along head_dim")
     if loc.shape != (t,):
         raise ValueError(f"loc must be [T]={t}, got {tuple(loc.shape)}")
     check_int32(page_to_staging=page_to_staging)
-    hq = 1
     if q is not None:
         if q.dim() != 3 or q.shape[0] != t or q.shape[2] != d or q.stride(2) != 1:
             raise ValueError(f"q must be [T={t}, Hq, D={d}] contiguous along D, got {tuple(q.shape)}")
-        hq = q.shape[1]
         if q_rot_out is None:
-            q_rot_out = torch.empty((t, hq, d), dtype=torch.float32, device=q.device)
+            q_rot_out = torch.empty((t, q.shape[1], d), dtype=torch.float32, device=q.device)
         else:
-            check_fp32_buffer("q_rot_out", q_rot_out, (t, hq, d))
+            check_fp32_buffer("q_rot_out", q_rot_out, (t, q.shape[1], d))
     if t == 0:
         return q_rot_out
-    _write_kv_kernel[(t,)](
-        k_ptr=k,
-        v_ptr=v,
-        loc_ptr=loc,
-        p2s_ptr=page_to_staging,
-        stg_k_ptr=staging_k,
-        stg_v_ptr=staging_v,
-        stg_scale_ptr=staging_scale if staging_scale is not None else staging_k,  # not read when S == 0
-        q_ptr=q if q is not None else k,  # not read without HAS_Q
-        q_out_ptr=q_rot_out if q_rot_out is not None else k,
-        num_tokens=t,
-        stride_kt=k.stride(0),
-        stride_kh=k.stride(1),
-        stride_vt=v.stride(0),
-        stride_vh=v.stride(1),
-        stride_qt=q.stride(0) if q is not None else 0,
-        stride_qh=q.stride(1) if q is not None else 0,
-        H=h,
-        BLOCK_H=triton.next_power_of_2(h),
-        HQ=hq,
-        BLOCK_HQ=triton.next_power_of_2(hq),
-        D=d,
-        LOG2D=log2d,
-        P=page_size,
-        S=s_cols,
-        ROTATE=rotation,
-        INV_SQRT_D=1.0 / math.sqrt(d),
-        HAS_Q=q is not None,
-        num_warps=4,
-    )
+    kv = {
+        "k_ptr": k,
+        "v_ptr": v,
+        "loc_ptr": loc,
+        "p2s_ptr": page_to_staging,
+        "stg_k_ptr": staging_k,
+        "stg_v_ptr": staging_v,
+        "stg_scale_ptr": staging_scale if staging_scale is not None else staging_k,  # not read when S == 0
+        "stride_kt": k.stride(0),
+        "stride_kh": k.stride(1),
+        "stride_vt": v.stride(0),
+        "stride_vh": v.stride(1),
+        "H": h,
+        "BLOCK_H": triton.next_power_of_2(h),
+        "P": page_size,
+        "S": s_cols,
+    }
+    _launch(t, d, rotate, q, q_rot_out, kv)
     return q_rot_out
 
 
@@ -182,24 +180,11 @@ def oscar_rotate_q(*, q: torch.Tensor, rotation: bool = True, out: torch.Tensor 
     if q.dim() != 3 or q.stride(2) != 1:
         raise ValueError(f"q must be [T, Hq, D] contiguous along D, got {tuple(q.shape)}")
     t, hq, d = q.shape
-    log2d = log2_exact(d, "head_dim")
+    rotate = rotation_arguments(d, rotation)
     if out is None:
         out = torch.empty((t, hq, d), dtype=torch.float32, device=q.device)
     else:
         check_fp32_buffer("out", out, (t, hq, d))
     if t:
-        _rotate_q_kernel[(t,)](
-            q_ptr=q,
-            q_out_ptr=out,
-            num_tokens=t,
-            stride_qt=q.stride(0),
-            stride_qh=q.stride(1),
-            HQ=hq,
-            BLOCK_HQ=triton.next_power_of_2(hq),
-            D=d,
-            LOG2D=log2d,
-            ROTATE=rotation,
-            INV_SQRT_D=1.0 / math.sqrt(d),
-            num_warps=4,
-        )
+        _launch(t, d, rotate, q, out, None)
     return out

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import serve  # noqa: E402
+from sglang_support.soak import find_key, pool_tokens  # noqa: E402  (stdlib only, shared with the soak)
 
 DECODE_LINE = re.compile(
     r"Decode batch.*?#running-req:\s*(?P<running>\d+),\s+#token:\s*(?P<tokens>\d+),\s+"
@@ -54,29 +56,6 @@ def steady_throughput(lines: list[dict[str, float]], running: int) -> float | No
     (the first line at that concurrency is dropped: its window can include prefill time)."""
     tps = [x["tps"] for x in lines if int(x["running"]) == running and x["queue"] == 0][1:]
     return statistics.median(tps) if tps else None
-
-
-def find_key(obj: Any, key: str) -> Any:
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        obj = list(obj.values())
-    if isinstance(obj, list):
-        for v in obj:
-            r = find_key(v, key)
-            if r is not None:
-                return r
-    return None
-
-
-def pool_tokens(info: dict[str, Any]) -> int:
-    """Tokens in the KV pool as the server reports them (`/server_info`)."""
-    v = find_key(info, "token_capacity")
-    if v is None:
-        v = find_key(info, "max_total_num_tokens")
-    if v is None:
-        raise KeyError("no token_capacity / max_total_num_tokens in /server_info")
-    return int(v)
 
 
 class Ids:

@@ -150,6 +150,26 @@ class FakeScheduler:
         self.cache.unlock(r.lock)
         r.lock = self.cache.lock(m.last_device_node)
 
+    def extend_step(self, reqs: list[Req]) -> None:
+        """A whole prefill step of ``reqs``: ``extend`` (whose forward runs the step; a subclass
+        whose step is a separate call overrides this)."""
+        self.extend(reqs)
+
+    def chunked_prefill(self, r: Req) -> None:
+        """Prefill ``r`` chunk by chunk, as SGLang's chunked prefill does: every chunk but the last
+        is checkpointed into the tree."""
+        while r.seq_len < r.prompt_len:
+            self.extend_step([r])
+            if r.seq_len < r.prompt_len:
+                self.checkpoint(r)
+
+    def make_room(self, r: Req) -> None:
+        """What SGLang's scheduler does before a prefill that does not fit: evict unlocked leaves
+        until the pages of ``r`` (once fully decoded) are free."""
+        need = -(-r.max_len // self.page_size) * self.page_size
+        if self.alloc.available_size() < need:
+            self.cache.evict(EvictParams(num_tokens=need - self.alloc.available_size()))
+
     def finish(self, r: Req) -> None:
         """cache_finished_req: insert, free the tail page, drop the lock."""
         n = self._insert(r)

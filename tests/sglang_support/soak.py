@@ -218,9 +218,9 @@ class Soak:
         self.samples: list[dict[str, Any]] = []
         self.retractions_seen = 0
         info = get(self.url, "/server_info")
-        self.pool_tokens = int(_find(info, "token_capacity") or _find(info, "max_total_num_tokens"))
-        self.page_size = int(_find(info, "page_size") or 1)
-        self.context_len = int(_find(info, "context_length") or 0) or self._context_from_models()
+        self.pool_tokens = pool_tokens(info)
+        self.page_size = int(find_key(info, "page_size") or 1)
+        self.context_len = int(find_key(info, "context_length") or 0) or self._context_from_models()
         self.system_ids = self._ids(10**6, 100)  # the shared prefix of the token-id requests
 
     def _context_from_models(self) -> int:
@@ -486,17 +486,28 @@ class Soak:
         }
 
 
-def _find(obj: Any, key: str) -> Any:
+def find_key(obj: Any, key: str) -> Any:
+    """The first value of ``key`` in a nested JSON answer (`/server_info`), depth first; None if absent."""
     if isinstance(obj, dict):
         if key in obj:
             return obj[key]
         obj = list(obj.values())
     if isinstance(obj, list):
         for v in obj:
-            found = _find(v, key)
+            found = find_key(v, key)
             if found is not None:
                 return found
     return None
+
+
+def pool_tokens(info: dict[str, Any]) -> int:
+    """Tokens in the KV pool as the server reports them (`/server_info`)."""
+    v = find_key(info, "token_capacity")
+    if v is None:
+        v = find_key(info, "max_total_num_tokens")
+    if v is None:
+        raise KeyError("no token_capacity / max_total_num_tokens in /server_info")
+    return int(v)
 
 
 def sample(url: str) -> dict[str, Any]:
@@ -628,7 +639,7 @@ def settle_and_check(server: Any, *, log_from: int = 0, timeout: float = 300) ->
 
 
 def server_page_size(url: str) -> int:
-    return int(_find(get(url, "/server_info"), "page_size") or 1)
+    return int(find_key(get(url, "/server_info"), "page_size") or 1)
 
 
 def tracebacks(log: str) -> list[str]:
