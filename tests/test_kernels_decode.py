@@ -31,7 +31,7 @@ def _decode(pool, q, *, out=None, tune=None, **kw):
     tuning = None
     if tune:
         b, hq, d = q.shape
-        h, p = pool.staging_k.shape[1], pool.staging_k.shape[2]
+        h, p = pool.layer.staging_k.shape[1], pool.layer.staging_k.shape[2]
         tuning = dataclasses.replace(kdecode._default_tuning(b, h, d, p), **tune)
     return oscar_decode_attention(
         q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
@@ -157,8 +157,8 @@ def test_decode_after_write_with_fused_query_rotation(nan_empty):
     q = torch.randn(2, h * g, d).bfloat16()
     loc = torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last_pages, lens)], device=DEVICE)
     q_rot = oscar_write_kv(
-        k=k_new.to(DEVICE), v=v_new.to(DEVICE), loc=loc, page_to_staging=pool.page_to_staging,
-        staging_k=pool.staging_k, staging_v=pool.staging_v, staging_scale=pool.staging_scale, q=q.to(DEVICE),
+        k=k_new.to(DEVICE), v=v_new.to(DEVICE), loc=loc, page_to_staging=pool.layer.page_to_staging,
+        staging_k=pool.layer.staging_k, staging_v=pool.layer.staging_v, staging_scale=pool.staging_scale, q=q.to(DEVICE),
     )  # fmt: skip
     out = _decode(pool, q.to(DEVICE), out=torch.empty(q.shape, device=DEVICE), q_rot=q_rot, tune=dict(num_splits=2))
     for b in range(2):
@@ -194,14 +194,14 @@ def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
             _decode(pool, q, out=out, new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale,
                     tune=dict(num_splits=2, fused_merge=True))
         else:
-            q_rot = oscar_write_kv(k=k_new, v=v_new, loc=loc, page_to_staging=pool.page_to_staging,
-                                   staging_k=pool.staging_k, staging_v=pool.staging_v,
+            q_rot = oscar_write_kv(k=k_new, v=v_new, loc=loc, page_to_staging=pool.layer.page_to_staging,
+                                   staging_k=pool.layer.staging_k, staging_v=pool.layer.staging_v,
                                    staging_scale=pool.staging_scale, q=q, rotation=cfg.rotation)
             _decode(pool, q, out=out, q_rot=q_rot, tune=dict(num_splits=2, fused_merge=False))
         outs.append(out)
     a, b = pools
-    assert torch.equal(a.staging_k.view(torch.int16), b.staging_k.view(torch.int16))
-    assert torch.equal(a.staging_v.view(torch.int16), b.staging_v.view(torch.int16))
+    assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
+    assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))
     if a.staging_scale is not None:
         torch.testing.assert_close(a.staging_scale, b.staging_scale, rtol=2e-7, atol=0)
     assert rel_rms(outs[1][:2], outs[0][:2]) < 1e-6
@@ -255,9 +255,9 @@ def test_decode_refuses_unsupported_shapes():
     q = torch.randn(1, 2, 64).bfloat16().to(DEVICE)
     kw = dict(kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices, seq_lens=pool.seq_lens, sm_scale=0.125)
     with pytest.raises(OscarConfigError, match="^--oscar-v-group must be a multiple of 16 at 2 bits on the OScaR kernels, got 8$"):
-        oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer(), v_group=8), **kw)
+        oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer, v_group=8), **kw)
     with pytest.raises(OscarConfigError, match="--oscar-k-group must be a power of two >= 16"):
-        oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer(), k_group=8), **kw)
+        oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer, k_group=8), **kw)
     with pytest.raises(ValueError, match="block_n=48"):
         _decode(pool, q, tune=dict(block_n=48))
 
@@ -337,5 +337,5 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
         torch.cuda.synchronize()
         assert rel_rms(out_s, eager[i]) < 1e-6
     assert int(ws[2].abs().sum()) == 0
-    assert torch.equal(pools[0].staging_k.view(torch.int16), pool.staging_k.view(torch.int16))
-    assert torch.equal(pools[0].staging_v.view(torch.int16), pool.staging_v.view(torch.int16))
+    assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
+    assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))

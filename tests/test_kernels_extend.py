@@ -51,8 +51,8 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
     if use_write_q:
         # the write launch of the step also rotates the queries (staging writes go to page 0, sealed)
         q_rot = oscar_write_kv(
-            k=k, v=v, loc=torch.zeros(k.shape[0], dtype=torch.int64, device=device), page_to_staging=pool.page_to_staging,
-            staging_k=pool.staging_k, staging_v=pool.staging_v, staging_scale=pool.staging_scale, rotation=cfg.rotation, q=q,
+            k=k, v=v, loc=torch.zeros(k.shape[0], dtype=torch.int64, device=device), page_to_staging=pool.layer.page_to_staging,
+            staging_k=pool.layer.staging_k, staging_v=pool.layer.staging_v, staging_scale=pool.staging_scale, rotation=cfg.rotation, q=q,
         )  # fmt: skip
     sm = 1.0 / math.sqrt(d)
     tuning = dataclasses.replace(kextend._default_tuning(h * group, h, d), **tune) if tune else None

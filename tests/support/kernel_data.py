@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -82,15 +83,8 @@ class Pool:
     h: int
     d: int
     p: int
-    k_codes: torch.Tensor
-    k_params: torch.Tensor
-    v_codes: torch.Tensor
-    v_params: torch.Tensor
-    scale: torch.Tensor | None
-    staging_k: torch.Tensor
-    staging_v: torch.Tensor
+    layer: Any  # the launchers' `oscar_sgl.kernels.PagedLayer` (codes, params, scales, staging, page map)
     staging_scale: torch.Tensor | None
-    page_to_staging: torch.Tensor
     kv_indptr: torch.Tensor
     kv_page_indices: torch.Tensor
     seq_lens: torch.Tensor
@@ -110,25 +104,7 @@ class Pool:
 
     def pool_kwargs(self) -> dict:
         """The launchers' ``layer`` argument."""
-        return dict(layer=self.layer())
-
-    def layer(self):
-        from oscar_sgl.kernels import PagedLayer
-
-        return PagedLayer(
-            k_codes=self.k_codes,
-            k_params=self.k_params,
-            v_codes=self.v_codes,
-            v_params=self.v_params,
-            scale=self.scale,
-            staging_k=self.staging_k,
-            staging_v=self.staging_v,
-            page_to_staging=self.page_to_staging,
-            bits=self.cfg.bits,
-            k_group=self.cfg.k_group,
-            v_group=self.cfg.v_group,
-            rotation=self.cfg.rotation,
-        )
+        return dict(layer=self.layer)
 
 
 def build_pool(
@@ -167,10 +143,8 @@ def build_pool(
     staging_scale = torch.rand(ns, p, s_cols, generator=gen) if s_cols else None
     p2s = torch.full((total,), -1, dtype=torch.int32)
     order = (torch.randperm(total - 1, generator=gen) + 1).tolist()
-    pool = Pool(
-        cfg, h, d, p, k_codes, k_params, v_codes, v_params, scale, staging_k, staging_v, staging_scale, p2s,
-        torch.zeros(len(lens) + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
-    )  # fmt: skip
+    pool = Pool(cfg, h, d, p, None, staging_scale, torch.zeros(len(lens) + 1, dtype=torch.int32),
+                torch.zeros(0, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))  # fmt: skip
     pages: list[int] = []
     nxt = 0
     for b, n in enumerate(lens):
@@ -215,11 +189,19 @@ def build_pool(
         pool.k_tail.append(R.rotate(k_rot.float(), cfg))
         pool.v_tail.append(R.rotate(v_rot.float(), cfg))
     pool.kv_page_indices = torch.tensor(pages, dtype=torch.int32)
-    for name in ("k_codes", "k_params", "v_codes", "v_params", "scale", "staging_k", "staging_v", "staging_scale",
-                 "page_to_staging", "kv_indptr", "kv_page_indices", "seq_lens"):  # fmt: skip
+    for name in ("staging_scale", "kv_indptr", "kv_page_indices", "seq_lens"):
         t = getattr(pool, name)
         if t is not None:
             setattr(pool, name, t.to(device))
+    from oscar_sgl.kernels import PagedLayer
+
+    def dev(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device)
+
+    pool.layer = PagedLayer(k_codes=dev(k_codes), k_params=dev(k_params), v_codes=dev(v_codes), v_params=dev(v_params),
+                            scale=dev(scale), staging_k=dev(staging_k), staging_v=dev(staging_v),
+                            page_to_staging=dev(p2s), bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group,
+                            rotation=cfg.rotation)  # fmt: skip
     return pool
 
 
