@@ -1,0 +1,107 @@
+"""Compile the Gluon decode stage 1 for sm_90 without a GPU and count what its sealed-tile loop does
+through shared memory (issue 14 item 1; benches/results/kernels_gluon_design.md).
+
+Needs Triton 3.6 (the H200's version; the Gluon API is experimental and changes between releases)
+and torch; no GPU: ``triton.compile`` runs the whole pipeline to a cubin on the CPU, and the
+``cuobjdump`` / ``nvdisasm`` shipped in the Triton wheel disassemble it. Run from the repo root:
+
+    PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--sass-dir DIR]
+
+For each (bits, block_n, GQA group) it prints registers, spills, static shared memory and, over the
+whole kernel, the count of shared-memory instructions (STS / LDS / LDSM / STSM), shuffles and MMAs
+in the SASS. The sealed-tile loop is meant to have no shared-memory instruction except the
+probabilities' C -> B operand conversion (which the kernel leaves to ``gl.convert_layout``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from oscar_sgl.kernels import gluon_decode as G
+
+SIGNATURE = {
+    "qrot_ptr": "*fp32", "kw_ptr": "*i32", "kp_ptr": "*fp16", "vw_ptr": "*i32", "vp_ptr": "*fp16", "scale_ptr": "*fp32",
+    "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
+    "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale_log2": "fp32",
+}  # fmt: skip
+
+
+def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
+                   v_group: int = 32, s_cols: int = 1, block_t: int = 32):
+    """The Gluon stage 1 compiled for sm_90 (``triton.compile``; no GPU needed)."""
+    block_h = max(8, 1 << (group - 1).bit_length())
+    G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
+    const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
+                 BLOCK_N=block_n, BLOCK_T=block_t, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
+    sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    # what a launch specializes on: every pointer 16-byte aligned (torch allocations are)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(SIGNATURE.items()) if v.startswith("*")}
+    src = GluonASTSource(G._gluon_decode_stage1_kernel, sig, const, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+
+
+def sass_of(cubin: bytes) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        return subprocess.run([str(tool), "-sass", f.name], check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def count(sass: str) -> dict[str, int]:
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
+    base = [o.split(".")[0] for o in ops]
+    return {
+        "instructions": len(base),
+        "STS": base.count("STS"), "LDS": base.count("LDS"), "LDSM": base.count("LDSM"), "STSM": base.count("STSM"),
+        "SHFL": base.count("SHFL"), "HMMA": base.count("HMMA"), "LDG": base.count("LDG"), "PRMT": base.count("PRMT"),
+    }  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sass-dir", type=Path, help="write each variant's SASS and TTGIR here")
+    args = ap.parse_args()
+    print(f"triton {triton.__version__}")
+    reason = G.gluon_available()
+    if reason is not None:
+        print(f"cannot compile: {reason}")
+        return 2
+    rc = 0
+    for bits in (2, 4):
+        for block_n in (16, 32):
+            for group in (4, 8):
+                name = f"int{bits}_bn{block_n}_g{group}"
+                try:
+                    ck = compile_stage1(bits=bits, block_n=block_n, group=group)
+                except Exception as exc:  # noqa: BLE001 - report every variant
+                    print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+                    rc = 1
+                    continue
+                sass = sass_of(ck.asm["cubin"])
+                md = ck.metadata
+                c = count(sass)
+                print(f"{name}: regs {md.n_regs if hasattr(md, 'n_regs') else '?'} spills "
+                      f"{md.n_spills if hasattr(md, 'n_spills') else '?'} shared {md.shared} B | " + ", ".join(f"{k} {v}" for k, v in c.items()))
+                if args.sass_dir:
+                    args.sass_dir.mkdir(parents=True, exist_ok=True)
+                    (args.sass_dir / f"{name}.sass").write_text(sass)
+                    (args.sass_dir / f"{name}.ttgir").write_text(ck.asm["ttgir"])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
