@@ -7,10 +7,11 @@ and torch; no GPU: ``triton.compile`` runs the whole pipeline to a cubin on the 
 
     PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--sass-dir DIR]
 
-For each (bits, block_n, GQA group) it prints registers, spills, static shared memory and, over the
-whole kernel, the count of shared-memory instructions (STS / LDS / LDSM / STSM), shuffles and MMAs
-in the SASS. The sealed-tile loop is meant to have no shared-memory instruction except the
-probabilities' C -> B operand conversion (which the kernel leaves to ``gl.convert_layout``).
+For each (bits, block_n, GQA group) it prints registers, stack, shared memory and local memory
+(spills) of the cubin, and per loop of the SASS (the sealed-tile loop, the open-page loop) the
+count of instructions, shared-memory instructions (STS / LDS / LDSM / STSM), shuffles, MMAs, global
+loads and the dequantization's LOP3 / HADD2 / HFMA2. The sealed-tile loop is meant to have no
+shared-memory instruction at all.
 """
 
 from __future__ import annotations
@@ -61,14 +62,37 @@ def sass_of(cubin: bytes) -> str:
         os.unlink(f.name)
 
 
-def count(sass: str) -> dict[str, int]:
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
-    base = [o.split(".")[0] for o in ops]
-    return {
-        "instructions": len(base),
-        "STS": base.count("STS"), "LDS": base.count("LDS"), "LDSM": base.count("LDSM"), "STSM": base.count("STSM"),
-        "SHFL": base.count("SHFL"), "HMMA": base.count("HMMA"), "LDG": base.count("LDG"), "PRMT": base.count("PRMT"),
-    }  # fmt: skip
+COUNTED = ("STS", "LDS", "LDSM", "STSM", "SHFL", "HMMA", "LDG", "PRMT", "LOP3", "HADD2", "HFMA2", "MUFU")
+_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(.*)$")
+
+
+def count(ops: list[str]) -> dict[str, int]:
+    return {"instructions": len(ops), **{k: ops.count(k) for k in COUNTED}}
+
+
+def loops(sass: str) -> list[dict[str, int]]:
+    """Per loop of the SASS (a backward branch and the instructions it spans): its counts."""
+    rows = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(_LINE.match, sass.splitlines()) if m]
+    out = []
+    for addr, op, rest in rows:
+        b = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if b and int(b.group(1), 16) < addr:
+            lo = int(b.group(1), 16)
+            out.append(count([o for a, o, _ in rows if lo <= a <= addr]))
+    return out
+
+
+def resources(cubin: bytes) -> str:
+    """``REG:.. STACK:.. SHARED:.. LOCAL:..`` of the kernel (cuobjdump -res-usage)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        res = subprocess.run([str(tool), "-res-usage", f.name], check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", res)
+    return m.group(0) if m else res.strip()
 
 
 def main() -> int:
@@ -92,10 +116,11 @@ def main() -> int:
                     rc = 1
                     continue
                 sass = sass_of(ck.asm["cubin"])
-                md = ck.metadata
-                c = count(sass)
-                print(f"{name}: regs {md.n_regs if hasattr(md, 'n_regs') else '?'} spills "
-                      f"{md.n_spills if hasattr(md, 'n_spills') else '?'} shared {md.shared} B | " + ", ".join(f"{k} {v}" for k, v in c.items()))
+                print(f"{name}: {resources(ck.asm['cubin'])}")
+                for i, c in enumerate(loops(sass)):
+                    # the sealed-tile loop is the one that dequantizes (HFMA2); the other one is the open page
+                    what = "sealed-tile loop" if c["HFMA2"] else "open-page loop"
+                    print(f"  loop {i} ({what}, per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
                 if args.sass_dir:
                     args.sass_dir.mkdir(parents=True, exist_ok=True)
                     (args.sass_dir / f"{name}.sass").write_text(sass)
