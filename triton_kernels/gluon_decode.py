@@ -73,8 +73,8 @@ def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, b
     if v_group % (head_dim // 8):
         raise ValueError(f"the Gluon stage 1 needs v_group a multiple of head_dim/8 = {head_dim // 8} (one value group "
                          f"per lane), got v_group={v_group}")
-    if block_n not in (16, 32, 64) or k_group % block_n:
-        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32, 64) dividing k_group={k_group}, got block_n={block_n}")
+    if block_n not in (16, 32) or k_group % block_n:
+        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32) dividing k_group={k_group}, got block_n={block_n}")
     if group > 16:
         raise ValueError(f"the Gluon stage 1 takes at most 16 query heads per KV head, got {group}")
 

@@ -52,6 +52,27 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 
 
+def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: int = 128, h: int = 8, p: int = 128):
+    """Today's Triton stage 1 (``decode._decode_stage1_kernel``) in its default form (transposed,
+    one warp, fused write and query rotation, separate merge) compiled the same way, for comparison."""
+    from triton.compiler import ASTSource
+
+    from oscar_sgl.kernels import decode as dec
+
+    ptrs = {"qrot_ptr": "*fp32", "kw_ptr": "*i32", "kp_ptr": "*i32", "vw_ptr": "*i32", "vp_ptr": "*i32", "scale_ptr": "*fp32",
+            "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
+            "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "q_ptr": "*bf16", "new_k_ptr": "*bf16",
+            "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16"}
+    ints = {k: "i32" for k in ("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh", "stride_ob", "stride_oh")}
+    const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
+                 INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
+                 INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True)
+    sig = {**ptrs, **ints, "sm_scale_log2": "fp32", **{k: "constexpr" for k in const}}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v.startswith("*")}
+    src = ASTSource(dec._decode_stage1_kernel, sig, const, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 3})
+
+
 def sass_of(cubin: bytes) -> str:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -98,6 +119,7 @@ def resources(cubin: bytes) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sass-dir", type=Path, help="write each variant's SASS and TTGIR here")
+    ap.add_argument("--triton", action="store_true", help="also today's Triton stage 1 (default form), for comparison")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     reason = G.gluon_available()
@@ -105,6 +127,12 @@ def main() -> int:
         print(f"cannot compile: {reason}")
         return 2
     rc = 0
+    for bits in (2, 4) if args.triton else ():
+        ck = compile_triton_stage1(bits=bits)
+        sass = sass_of(ck.asm["cubin"])
+        print(f"triton_int{bits}_bn32_g4 (today's kernel): {resources(ck.asm['cubin'])}")
+        for i, c in enumerate(loops(sass)):
+            print(f"  loop {i} (per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
     for bits in (2, 4):
         for block_n in (16, 32):
             for group in (4, 8):
