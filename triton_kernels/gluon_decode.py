@@ -418,11 +418,13 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     check_gluon_shape(bits=pool_args["BITS"], head_dim=d, k_group=pool_args["G_K"], v_group=pool_args["G_V"],
                       block_n=block_n, group=group)
     _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
-        q_rot, pool_args["kw_ptr"], pool_args["kp_ptr"].view(torch.float16), pool_args["vw_ptr"],
-        pool_args["vp_ptr"].view(torch.float16), pool_args["scale_ptr"], pool_args["stg_k_ptr"], pool_args["stg_v_ptr"],
-        pool_args["p2s_ptr"], kv_indptr, kv_page_indices, seq_lens, part_o, part_lse, sm_scale * math.log2(math.e),
-        H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"],
-        G_V=pool_args["G_V"], S=pool_args["S"], BLOCK_N=block_n, BLOCK_T=block_t,
+        qrot_ptr=q_rot, kw_ptr=pool_args["kw_ptr"], kp_ptr=pool_args["kp_ptr"].view(torch.float16),
+        vw_ptr=pool_args["vw_ptr"], vp_ptr=pool_args["vp_ptr"].view(torch.float16), scale_ptr=pool_args["scale_ptr"],
+        stg_k_ptr=pool_args["stg_k_ptr"], stg_v_ptr=pool_args["stg_v_ptr"], p2s_ptr=pool_args["p2s_ptr"],
+        kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,
+        part_lse_ptr=part_lse, sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
+        BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
+        BLOCK_N=block_n, BLOCK_T=block_t,
         **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
         num_warps=1,
     )  # fmt: skip
