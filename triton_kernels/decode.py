@@ -37,9 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import gluon_decode
 from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
                      interpreting, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
                      use_asm, write_token)
+from .write import oscar_rotate_q
 
 
 @triton.jit
@@ -282,22 +284,31 @@ def _decode_stage2_kernel(
     D: tl.constexpr,
     DB: tl.constexpr,
     CHUNK: tl.constexpr,
+    ROTATE: tl.constexpr = False,
+    LOG2D: tl.constexpr = 0,
+    INV_SQRT_D: tl.constexpr = 1.0,
 ):
     # The unfused merge (``fused_merge`` off), grid (B, Hq, D / DB): one program per (request,
     # query head, DB channels), a weighted sum of partials that stage 1 already rotated back.
+    # ROTATE (DB == D; the Gluon stage 1, whose partials stay in the rotated basis): the inverse
+    # rotation after the weighted sum.
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
     d0 = tl.program_id(2) * DB
     base = (i_b * HQ + i_hq) * n_part + tl.arange(0, 1)
     b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, d0, 1, D, DB, CHUNK)
+    if ROTATE:
+        b_out = fwht_rows(b_out, 1, D, LOG2D) * INV_SQRT_D
     p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + (d0 + tl.arange(0, DB))[None, :]
     tl.store(p_out, b_out.to(out_ptr.dtype.element_ty))
 
 
-def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
-    """The separate merge launch over stage 1's (rotated-back) partials ``[B, Hq, n, D]``."""
+def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, rotation: bool = False) -> None:
+    """The separate merge launch over stage 1's partials ``[B, Hq, n, D]``: rotated back already,
+    or in the rotated basis with ``rotation`` (the Gluon stage 1; one program per query head then)."""
     b, hq, n_part, d = part_o.shape
-    db = min(d, 32)
+    db = d if rotation else min(d, 32)
+    rotate = rotation_arguments(d, True) if rotation else {}
     _decode_stage2_kernel[(b, hq, d // db)](
         part_o_ptr=part_o,
         part_lse_ptr=part_lse,
@@ -308,8 +319,9 @@ def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
         HQ=hq,
         D=d,
         DB=db,
-        CHUNK=min(64, triton.next_power_of_2(n_part)),
+        CHUNK=min(64, triton.next_power_of_2(n_part)) if not rotation else min(64, max(1, 4096 // d), triton.next_power_of_2(n_part)),
         num_warps=2,
+        **rotate,
     )
 
 
@@ -346,6 +358,11 @@ class _DecodeTuning:
             launch) or in a separate launch; None: fused when that takes at most two block loads per
             row (few splits, i.e. batches of 16+ requests at 8 KV heads); with many splits (small
             batches) the separate, wider merge launch is faster on an H200.
+        gluon: stage 1 written in Gluon with explicit MMA operand layouts (``gluon_decode``; issue
+            14, NOT yet validated on a GPU): one warp, ``block_n`` / ``block_t`` / ``waves`` /
+            ``num_splits`` as above, the other launch options ignored; the query rotation and the
+            merge (with the inverse rotation) are separate launches and the write is refused.
+            Never the default.
     """
 
     block_n: int
@@ -357,6 +374,7 @@ class _DecodeTuning:
     maxnreg: int | None = None
     num_splits: int | None = None
     fused_merge: bool | None = None
+    gluon: bool = False
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
@@ -458,6 +476,14 @@ def oscar_decode_attention(
         check_fp32_buffer("q_rot", q_rot, (b, hq, d))
     tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
+    if tune.gluon:
+        if write:
+            raise ValueError("the Gluon stage 1 (_tuning.gluon) does not fuse the write path: run oscar_write_kv first")
+        gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
+                                       block_n=tune.block_n, group=group)
+        reason = gluon_decode.gluon_available(q.device)
+        if reason is not None:
+            raise RuntimeError(reason)
     if tune.num_splits is not None:
         num_splits = tune.num_splits
     else:
@@ -476,6 +502,14 @@ def oscar_decode_attention(
     if counters.dtype != torch.int32 or counters.numel() < b * h or q_scratch.shape != q.shape or q_scratch.dtype != torch.float32:
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
     if b == 0:
+        return out
+    if tune.gluon:
+        if q_rot is None:
+            q_rot = oscar_rotate_q(q=q, rotation=layer.rotation, out=q_scratch)
+        gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=pool_arguments(layer), group=group, kv_indptr=kv_indptr,
+                                         kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
+                                         part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t)
+        merge_launch(part_o, part_lse, out, rotation=layer.rotation)
         return out
     block_g = triton.next_power_of_2(group)
     chunk = max(1, min(64, 4096 // (block_g * d), triton.next_power_of_2(num_splits + 1)))

@@ -168,7 +168,9 @@ class OscarSetup:
     def call(self, copy: int, *, tuning, ws, mode: str = "fused"):
         """One decode launch as the backend runs it (``fused``: query rotation, the new token's write
         and the merge in the launch), without the write (``nowrite``), or the unfused two-launch
-        path of the first version (``unfused``: queries rotated beforehand, separate merge launch).
+        path of the first version (``unfused``: queries rotated beforehand, separate merge launch),
+        or with the queries rotated beforehand and the tuning as given (``qrot``: the ``--gluon``
+        comparison, whose Gluon stage 1 fuses neither the write nor the rotation).
         ``tuning``: the launcher's ``_DecodeTuning``; the workspace ``ws`` sets the split count."""
         pool = self.pool()
         kw = dict(q=self.q, **pool, kv_indptr=self.indptr[copy], kv_page_indices=self.pages[copy],
@@ -178,6 +180,8 @@ class OscarSetup:
             kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=self.new_loc[copy], staging_scale=self.staging_scale)
         elif mode == "unfused":
             kw.update(q_rot=self.q_rot, _tuning=dataclasses.replace(tuning, fused_merge=False))
+        elif mode == "qrot":
+            kw.update(q_rot=self.q_rot)
         elif mode != "nowrite":
             raise ValueError(mode)
 
@@ -235,6 +239,59 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
     sealed = st.batch * (st.ctx // P - 1)
     nbytes = sealed * (H * (2 * P * D * st.bits // 8 + (P // 32) * 2 * D * 2 + P * 2 * (D // 32) * 2) + P * 4)
     return {**t, "bytes": nbytes, "TBps": nbytes / (t["us"] * 1e-6) / 1e12}
+
+
+def bench_gluon(bits: int, batch: int, ctx: int, budget: float) -> dict:
+    """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
+    side with the default Triton kernel on the same data, both with the queries rotated beforehand
+    and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
+    the default decides); gluon = Gluon stage 1 + the merge launch with the inverse rotation. Also
+    the Triton path with the separate merge launch (``fused_merge=False``), the Gluon path's launch
+    structure. ``agree``: relative RMS of the Gluon output against the default's."""
+    probe = OscarSetup(bits, batch, ctx, 1)
+    per_call = probe.kv_bytes()
+    del probe
+    copies = copies_for(per_call, budget)
+    st = OscarSetup(bits, batch, ctx, copies)
+    default = _dec._default_tuning(batch, H, D, P)
+    splits = _dec.pick_num_splits(batch, H, waves=default.waves)
+    ws = decode_workspace(batch, HQ, H, D, splits, DEV)
+    res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call}
+    outs = {}
+    for name, tune in (("default", default), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False)),
+                       ("gluon", dataclasses.replace(default, gluon=True))):
+        try:
+            st.call(0, tuning=tune, ws=ws, mode="qrot")()
+            torch.cuda.synchronize()
+            outs[name] = st.out.clone()
+            t = time_calls([st.call(c, tuning=tune, ws=ws, mode="qrot") for c in range(copies)])
+            res[name] = {**t, "TBps": per_call / (t["us"] * 1e-6) / 1e12}
+            log(f"    {name:20s}: {t['us']:8.2f} us  {res[name]['TBps']:.2f} TB/s (KV bytes only)")
+        except Exception as e:  # noqa: BLE001 - reported, the other variants still run
+            res[name] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
+            log(f"    {name}: FAILED {res[name]['error']}")
+    if "gluon" in outs and "default" in outs:
+        res["agree_rel_rms"] = rel_rms(outs["gluon"], outs["default"])
+        log(f"    gluon vs default: relative RMS {res['agree_rel_rms']:.2e}")
+    if "us" in res.get("gluon", {}) and "us" in res.get("default", {}):
+        res["speedup_vs_default"] = res["default"]["us"] / res["gluon"]["us"]
+    del st
+    torch.cuda.empty_cache()
+    return res
+
+
+def gluon_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"Gluon stage 1 vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
+           f"{meta['date']}); queries rotated beforehand, no write; times in us (CUDA graphs over distinct KV copies).", "",
+           "| B | ctx | bits | default us | Triton + merge launch us | Gluon us | x default | agree (rel RMS) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def us(k):
+            return f"{r[k]['us']:.1f}" if "us" in r.get(k, {}) else "failed"
+        sp = f"{r['speedup_vs_default']:.2f}" if "speedup_vs_default" in r else "-"
+        ag = f"{r['agree_rel_rms']:.1e}" if "agree_rel_rms" in r else "-"
+        out.append(f"| {r['batch']} | {r['ctx']} | {r['bits']} | {us('default')} | {us('triton_merge_launch')} | {us('gluon')} | {sp} | {ag} |")
+    return "\n".join(out) + "\n"
 
 
 def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras: bool = True) -> dict:
@@ -673,6 +730,7 @@ def main() -> None:
     ap.add_argument("--extend-only", action="store_true", help="only the extend / prefill shapes (both --oscar-prefill modes vs SGLang)")
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
+    ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
@@ -683,6 +741,22 @@ def main() -> None:
         "shape": {"q_heads": HQ, "kv_heads": H, "head_dim": D, "page": P, "k_group": 32, "v_group": 32},
     }  # fmt: skip
     log("meta", json.dumps(meta))
+    if args.gluon:
+        shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        rows = []
+        for b, ctx in shapes:
+            for bits in (2, 4):
+                log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
+                try:
+                    rows.append(bench_gluon(bits, b, ctx, 24e9))
+                except Exception:  # noqa: BLE001
+                    log(traceback.format_exc())
+                    rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})
+                json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "gluon.json"), "w"), indent=1)
+        md = gluon_markdown(rows, meta)
+        open(os.path.join(args.out, "gluon.md"), "w").write(md)
+        log(md)
+        return
     res = {"meta": meta, "shapes": [], "write": {}, "seal": {}}
     res["hbm_copy_TBps"] = hbm_copy_bandwidth()
     log(f"HBM copy: {res['hbm_copy_TBps']:.2f} TB/s")

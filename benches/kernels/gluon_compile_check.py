@@ -1,0 +1,160 @@
+"""Compile the Gluon decode stage 1 for sm_90 without a GPU and count what its sealed-tile loop does
+through shared memory (issue 14 item 1; benches/results/kernels_gluon_design.md).
+
+Needs Triton 3.6 (the H200's version; the Gluon API is experimental and changes between releases)
+and torch; no GPU: ``triton.compile`` runs the whole pipeline to a cubin on the CPU, and the
+``cuobjdump`` / ``nvdisasm`` shipped in the Triton wheel disassemble it. Run from the repo root:
+
+    PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--sass-dir DIR]
+
+For each (bits, block_n, GQA group) it prints registers, stack, shared memory and local memory
+(spills) of the cubin, and per loop of the SASS (the sealed-tile loop, the open-page loop) the
+count of instructions, shared-memory instructions (STS / LDS / LDSM / STSM), shuffles, MMAs, global
+loads and the dequantization's LOP3 / HADD2 / HFMA2. The sealed-tile loop is meant to have no
+shared-memory instruction at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from oscar_sgl.kernels import gluon_decode as G
+
+SIGNATURE = {
+    "qrot_ptr": "*fp32", "kw_ptr": "*i32", "kp_ptr": "*fp16", "vw_ptr": "*i32", "vp_ptr": "*fp16", "scale_ptr": "*fp32",
+    "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
+    "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale_log2": "fp32",
+}  # fmt: skip
+
+
+def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
+                   v_group: int = 32, s_cols: int = 1, block_t: int = 32):
+    """The Gluon stage 1 compiled for sm_90 (``triton.compile``; no GPU needed)."""
+    block_h = max(8, 1 << (group - 1).bit_length())
+    G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
+    const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
+                 BLOCK_N=block_n, BLOCK_T=block_t, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
+    sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    # what a launch specializes on: every pointer 16-byte aligned (torch allocations are)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(SIGNATURE.items()) if v.startswith("*")}
+    src = GluonASTSource(G._gluon_decode_stage1_kernel, sig, const, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+
+
+def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: int = 128, h: int = 8, p: int = 128):
+    """Today's Triton stage 1 (``decode._decode_stage1_kernel``) in its default form (transposed,
+    one warp, fused write and query rotation, separate merge) compiled the same way, for comparison."""
+    from triton.compiler import ASTSource
+
+    from oscar_sgl.kernels import decode as dec
+
+    ptrs = {"qrot_ptr": "*fp32", "kw_ptr": "*i32", "kp_ptr": "*i32", "vw_ptr": "*i32", "vp_ptr": "*i32", "scale_ptr": "*fp32",
+            "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
+            "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "q_ptr": "*bf16", "new_k_ptr": "*bf16",
+            "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16"}
+    ints = {k: "i32" for k in ("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh", "stride_ob", "stride_oh")}
+    const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
+                 INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
+                 INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True)
+    sig = {**ptrs, **ints, "sm_scale_log2": "fp32", **{k: "constexpr" for k in const}}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v.startswith("*")}
+    src = ASTSource(dec._decode_stage1_kernel, sig, const, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 3})
+
+
+def sass_of(cubin: bytes) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        return subprocess.run([str(tool), "-sass", f.name], check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+COUNTED = ("STS", "LDS", "LDSM", "STSM", "SHFL", "HMMA", "LDG", "PRMT", "LOP3", "HADD2", "HFMA2", "MUFU")
+_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(.*)$")
+
+
+def count(ops: list[str]) -> dict[str, int]:
+    return {"instructions": len(ops), **{k: ops.count(k) for k in COUNTED}}
+
+
+def loops(sass: str) -> list[dict[str, int]]:
+    """Per loop of the SASS (a backward branch and the instructions it spans): its counts."""
+    rows = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(_LINE.match, sass.splitlines()) if m]
+    out = []
+    for addr, op, rest in rows:
+        b = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if b and int(b.group(1), 16) < addr:
+            lo = int(b.group(1), 16)
+            out.append(count([o for a, o, _ in rows if lo <= a <= addr]))
+    return out
+
+
+def resources(cubin: bytes) -> str:
+    """``REG:.. STACK:.. SHARED:.. LOCAL:..`` of the kernel (cuobjdump -res-usage)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        res = subprocess.run([str(tool), "-res-usage", f.name], check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", res)
+    return m.group(0) if m else res.strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sass-dir", type=Path, help="write each variant's SASS and TTGIR here")
+    ap.add_argument("--triton", action="store_true", help="also today's Triton stage 1 (default form), for comparison")
+    args = ap.parse_args()
+    print(f"triton {triton.__version__}")
+    reason = G.gluon_available()
+    if reason is not None:
+        print(f"cannot compile: {reason}")
+        return 2
+    rc = 0
+    for bits in (2, 4) if args.triton else ():
+        ck = compile_triton_stage1(bits=bits)
+        sass = sass_of(ck.asm["cubin"])
+        print(f"triton_int{bits}_bn32_g4 (today's kernel): {resources(ck.asm['cubin'])}")
+        for i, c in enumerate(loops(sass)):
+            print(f"  loop {i} (per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
+    for bits in (2, 4):
+        for block_n in (16, 32):
+            for group in (4, 8):
+                name = f"int{bits}_bn{block_n}_g{group}"
+                try:
+                    ck = compile_stage1(bits=bits, block_n=block_n, group=group)
+                except Exception as exc:  # noqa: BLE001 - report every variant
+                    print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+                    rc = 1
+                    continue
+                sass = sass_of(ck.asm["cubin"])
+                print(f"{name}: {resources(ck.asm['cubin'])}")
+                for i, c in enumerate(loops(sass)):
+                    # the sealed-tile loop is the one that dequantizes (HFMA2); the other one is the open page
+                    what = "sealed-tile loop" if c["HFMA2"] else "open-page loop"
+                    print(f"  loop {i} ({what}, per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
+                if args.sass_dir:
+                    args.sass_dir.mkdir(parents=True, exist_ok=True)
+                    (args.sass_dir / f"{name}.sass").write_text(sass)
+                    (args.sass_dir / f"{name}.ttgir").write_text(ck.asm["ttgir"])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Run the Gluon decode stage 1's source on the CPU with numpy standing in for ``gl`` (no GPU, no
+Gluon compiler): checks its index arithmetic, fragment channel maps, dequantization and softmax
+against the torch reference and today's Triton kernel (in Triton's interpreter), before device time
+is spent. Developer tool, not a test.
+
+What it checks: the kernel's tensor semantics (addresses, shapes, reshapes and joins, the channel
+each operand position holds, the online softmax, the partials' contract with the merge launch).
+What it cannot check: layouts (``convert_layout`` is the identity here), the compiled code, the
+inline PTX (emulated with the same arithmetic: fp16 pair (2^(10-b) + c) - 2^(10-b), then one fp32
+FMA rounded to fp16). Run from the repo root with the installed package (any Triton version):
+
+    python benches/kernels/gluon_numpy_check.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import types
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the rotation and merge launches (portable Triton) on the CPU
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+
+from support.kernel_data import build_pool, reference_decode, rel_rms  # noqa: E402
+
+from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.kernels import decode as kdecode  # noqa: E402
+from oscar_sgl.kernels import gluon_decode as G  # noqa: E402
+
+_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32, "int16": np.int16, "int32": np.int32,
+       "int64": np.int64}  # bf16 loads are widened to fp32 (the values are bf16 already)
+
+
+class _DT:
+    def __init__(self, name):
+        self.name = name
+
+
+class Ptr:
+    """A pointer: a flat numpy array and element offsets (a scalar or an array)."""
+
+    def __init__(self, arr, off=0):
+        self.arr, self.off = arr, off
+
+    def __add__(self, o):
+        return Ptr(self.arr, self.off + (o.a if isinstance(o, T) else o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return Ptr(self.arr, self.off - (o.a if isinstance(o, T) else o))
+
+
+class T:
+    """A tensor: numpy semantics with the Triton methods the kernel uses."""
+
+    def __init__(self, a):
+        self.a = np.asarray(a)
+
+    def _w(self, o):
+        return o.a if isinstance(o, T) else o
+
+    def to(self, dt, bitcast=False):
+        if dt.name == "bfloat16":  # round to nearest even bf16, kept in fp32
+            return T(torch.from_numpy(np.ascontiguousarray(self.a, np.float32)).bfloat16().float().numpy())
+        t = _NP[dt.name]
+        return T(self.a.view(t) if bitcast else self.a.astype(t))
+
+    def __bool__(self):
+        return bool(self.a)
+
+    def __index__(self):
+        return int(self.a)
+
+    def __getitem__(self, idx):
+        return T(self.a[idx])
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+
+def _binop(name):
+    def f(self, o):
+        a, b = self.a, self._w(o)
+        if name in ("floordiv", "mod") and np.issubdtype(np.asarray(a).dtype, np.integer):
+            r = getattr(np, {"floordiv": "floor_divide", "mod": "mod"}[name])(a, b)  # operands here are >= 0
+        else:
+            r = getattr(np, name)(a, b)
+        return T(r)
+
+    def rf(self, o):
+        return T(getattr(np, name)(self._w(o), self.a))
+
+    return f, rf
+
+
+for _n, _np_name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "true_divide"),
+                     ("floordiv", "floordiv"), ("mod", "mod"), ("and", "bitwise_and"), ("or", "bitwise_or"),
+                     ("lshift", "left_shift"), ("rshift", "right_shift"), ("lt", "less"), ("le", "less_equal"),
+                     ("gt", "greater"), ("ge", "greater_equal"), ("eq", "equal")]:
+    _f, _rf = _binop(_np_name)
+    setattr(T, f"__{_n}__", _f)
+    if _n not in ("lt", "le", "gt", "ge", "eq"):
+        setattr(T, f"__r{_n}__", _rf)
+
+
+def _a(x):
+    return x.a if isinstance(x, T) else x
+
+
+class Shim(types.SimpleNamespace):
+    pass
+
+
+def make_gl(ctx):
+    gl = Shim()
+    for n in _NP:
+        setattr(gl, n, _DT(n))
+    gl.constexpr = lambda x: x
+    gl.SliceLayout = gl.BlockedLayout = gl.DotOperandLayout = gl.NVMMADistributedLayout = lambda *a, **k: None
+    gl.arange = lambda s, e, layout=None: T(np.arange(s, e, dtype=np.int32))
+    gl.full = lambda shape, v, dt, layout=None: T(np.full(shape, v, dtype=_NP[dt.name]))
+    gl.zeros = lambda shape, dt, layout=None: T(np.zeros(shape, dtype=_NP[dt.name]))
+    gl.program_id = lambda i: T(np.int32(ctx["pid"][i]))
+    gl.num_programs = lambda i: ctx["grid"][i]
+    gl.convert_layout = lambda x, layout, assert_trivial=False: x
+    gl.expand_dims = lambda x, ax: T(np.expand_dims(_a(x), ax))
+    gl.broadcast = lambda a, b: tuple(T(x) for x in np.broadcast_arrays(_a(a), _a(b)))
+    gl.join = lambda a, b: T(np.stack(np.broadcast_arrays(_a(a), _a(b)), axis=-1))
+    gl.reshape = lambda x, shape: T(_a(x).reshape(shape))
+    gl.where = lambda c, a, b: T(np.where(_a(c), _a(a), _a(b)))
+    gl.maximum = lambda a, b: T(np.maximum(_a(a), _a(b)))
+    gl.minimum = lambda a, b: T(np.minimum(_a(a), _a(b)))
+    gl.max = lambda x, axis: T(np.max(_a(x), axis=axis))
+    gl.sum = lambda x, axis: T(np.sum(_a(x), axis=axis, dtype=np.float32))
+    gl.exp2 = lambda x: T(np.exp2(_a(x)).astype(np.float32))
+    gl.log2 = lambda x: T(np.log2(_a(x)).astype(np.float32))
+
+    def load(p, mask=None, other=0):
+        off = _a(p.off)
+        if mask is None:
+            return T(p.arr[off])
+        m = np.broadcast_to(_a(mask), np.shape(off))
+        safe = np.where(m, off, 0)
+        return T(np.where(m, p.arr[safe], other).astype(p.arr.dtype))
+
+    def store(p, v, mask=None):
+        off, v = np.broadcast_arrays(_a(p.off), _a(v))
+        m = np.ones(off.shape, bool) if mask is None else np.broadcast_to(_a(mask), off.shape)
+        p.arr[off[m]] = v[m]
+
+    gl.load, gl.store = load, store
+
+    def inline_asm_elementwise(asm, constraints, args, dtype, is_pure, pack):
+        args = [_a(x) for x in args]
+        if asm.startswith("prmt"):
+            a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
+            r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
+            return T(r.astype(np.uint32).view(np.int32))
+        x, mask, magic, s_pk, o_pk = np.broadcast_arrays(*args)
+        t = ((x & mask) | magic).astype(np.int32)
+
+        def halves(v):
+            v = np.ascontiguousarray(v.astype(np.int32))
+            h = v.view(np.uint16).reshape(v.shape + (2,)).view(np.float16)
+            return h[..., 0].astype(np.float32), h[..., 1].astype(np.float32)
+
+        (tl_, th), (ml, mh), (sl, sh), (ol, oh) = halves(t), halves(magic), halves(s_pk), halves(o_pk)
+        lo = ((tl_ - ml) * sl + ol).astype(np.float16)
+        hi = ((th - mh) * sh + oh).astype(np.float16)
+        out = (lo.view(np.uint16).astype(np.uint32) | (hi.view(np.uint16).astype(np.uint32) << 16)).view(np.int32)
+        return T(out)
+
+    gl.inline_asm_elementwise = inline_asm_elementwise
+    return gl
+
+
+def mma(a, b, acc):
+    return T(_a(acc) + _a(a).astype(np.float32) @ _a(b).astype(np.float32))
+
+
+def kernel_functions(ctx):
+    """The kernel's raw Python functions, re-bound to globals where ``gl`` is the numpy shim."""
+    g = dict(vars(G))
+    g["gl"] = make_gl(ctx)
+    g["mma_v2"] = mma
+    g["_PAIR_ASM"] = G._PAIR_ASM.value
+    names = ["_dequant_pairs", "_pack_f16", "_pair_words", "_tile_raw", "_attend", "_staging_tile", "_key_channel",
+             "_value_channel", "_gluon_decode_stage1_kernel"]
+    for n in names:
+        g[n] = types.FunctionType(getattr(G, n).fn.__code__, g, n)
+    return g
+
+
+def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale):
+    args = kdecode.pool_arguments(pool.layer())
+    b, hq, d = q_rot.shape
+    h = args["H"]
+    n_part = part_o.shape[2]
+    ctx = {"pid": (0, 0, 0), "grid": (b, h, n_part)}
+    fns = kernel_functions(ctx)
+
+    def flat(t, dt=None):
+        t = t.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.reshape(-1).numpy() if dt is None else t.reshape(-1).view(dt).numpy()
+
+    po = np.full(part_o.numel(), np.nan, np.float32)
+    pl = np.full(part_lse.numel(), np.nan, np.float32)
+    scale = args["scale_ptr"]
+    ptrs = [Ptr(flat(q_rot)), Ptr(flat(args["kw_ptr"])), Ptr(flat(args["kp_ptr"], torch.float16)), Ptr(flat(args["vw_ptr"])),
+            Ptr(flat(args["vp_ptr"], torch.float16)), Ptr(flat(scale) if scale.dtype == torch.float32 else np.zeros(1, np.float32)),
+            Ptr(flat(args["stg_k_ptr"])), Ptr(flat(args["stg_v_ptr"])), Ptr(flat(args["p2s_ptr"])), Ptr(flat(pool.kv_indptr)),
+            Ptr(flat(pool.kv_page_indices)), Ptr(flat(pool.seq_lens)), Ptr(po), Ptr(pl)]  # fmt: skip
+    block_h = max(8, 1 << (group - 1).bit_length())
+    for ib in range(b):
+        for ih in range(h):
+            for isp in range(n_part):
+                ctx["pid"] = (ib, ih, isp)
+                fns["_gluon_decode_stage1_kernel"](
+                    *ptrs, np.float32(sm_scale * math.log2(math.e)), H=h, GROUP=group, BLOCK_H=block_h, D=d,
+                    BITS=args["BITS"], P=args["P"], G_K=args["G_K"], G_V=args["G_V"], S=args["S"], BLOCK_N=block_n,
+                    BLOCK_T=block_t, LK=None, LV=None, MMA=None, LLOAD=None,
+                )  # fmt: skip
+    part_o.copy_(torch.from_numpy(po).view(part_o.shape))
+    part_lse.copy_(torch.from_numpy(pl).view(part_lse.shape))
+
+
+def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed):
+    d = 128
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope)
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
+                      device=torch.device("cpu"), seed=seed)
+    q = torch.randn(len(lens), h * g, d, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    sm = 1.0 / math.sqrt(d)
+    from oscar_sgl.kernels import oscar_rotate_q
+
+    q_rot = oscar_rotate_q(q=q, rotation=cfg.rotation)
+    part_o, part_lse, _, _ = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
+    run_stage1(pool, q_rot, g, part_o, part_lse, block_n, min(p, 32), sm)
+    out = torch.empty(q.shape)
+    kdecode.merge_launch(part_o, part_lse, out, rotation=cfg.rotation)
+    err = rel_rms(out, reference_decode(pool, q, sm))
+    # today's Triton kernel on the same pool and splits (Triton's CPU interpreter)
+    from oscar_sgl.kernels import oscar_decode_attention
+
+    tune = dataclasses.replace(kdecode._default_tuning(len(lens), h, d, p), num_splits=n_split, block_n=block_n)
+    tri = oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
+                                 seq_lens=pool.seq_lens, sm_scale=sm, out=torch.empty(q.shape), _tuning=tune)
+    agree = rel_rms(out, tri)
+    print(f"INT{bits} H={h} group={g} P={p} {scope} block_n={block_n} splits={n_split}: relative RMS vs reference {err:.2e}, "
+          f"vs the Triton kernel {agree:.2e}")
+    return err, agree
+
+
+def main() -> int:
+    res = []
+    for bits in (2, 4):
+        res.append(check(bits, 2, 4, 128, [300, 128, 5], {1}, "layer", 32, 3, bits))
+        res.append(check(bits, 1, 8, 64, [200, 64], {1}, "head", 16, 2, bits + 10))
+    ref, agree = max(r for r, _ in res), max(a for _, a in res)
+    print(f"worst: {ref:.2e} vs the reference (GPU tests' bound 5e-3), {agree:.2e} vs the Triton kernel (bound 1e-3)")
+    return 0 if ref < 5e-3 and agree < 1e-3 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

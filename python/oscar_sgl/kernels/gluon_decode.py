@@ -1,0 +1,1 @@
+../../../triton_kernels/gluon_decode.py

@@ -1,0 +1,130 @@
+"""The Gluon decode stage 1 (``_DecodeTuning.gluon``, issue 14 item 1): against the torch reference
+and the default Triton kernel on the same pools (GPU), its refusals and the rotating merge launch
+it relies on (CPU and GPU).
+
+The Gluon kernel has not run on a GPU when this file was written: the ``gpu`` tests below are its
+first validation (benches/results/kernels_gluon_design.md, "Device command")."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from support.kernel_data import ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu, reference_decode, rel_rms
+
+from oscar_sgl import reference as R
+from oscar_sgl.config import OscarConfig
+from oscar_sgl.kernels import decode as kdecode
+from oscar_sgl.kernels import gluon_decode, oscar_decode_attention
+
+_GLUON_REASON = gluon_decode.gluon_available(torch.device("cuda")) if HAS_CUDA else "needs a CUDA GPU"
+needs_gluon = pytest.mark.skipif(_GLUON_REASON is not None, reason=f"the Gluon stage 1 cannot run here: {_GLUON_REASON}")
+
+
+def _decode(pool, q, *, gluon: bool, out=None, tune=None, **kw):
+    """One decode launch; ``tune``: fields of the default ``_DecodeTuning`` to override."""
+    b, hq, d = q.shape
+    h, p = pool.staging_k.shape[1], pool.staging_k.shape[2]
+    tuning = dataclasses.replace(kdecode._default_tuning(b, h, d, p), gluon=gluon, **(tune or {}))
+    return oscar_decode_attention(
+        q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
+        seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(d), out=out, _tuning=tuning, **kw,
+    )  # fmt: skip
+
+
+# (KV heads, GQA group, page size, lengths, requests whose full last page is sealed, norm scope)
+_SHAPES = {
+    "llama8b_32q8kv": (8, 4, 128, [4096 + 77, 128, 1, 8192, 129, 3 * 128], {1, 5}, "layer"),
+    "gqa16_4": (4, 4, 64, [1000, 64, 63, 65, 2 * 64 + 3], {1}, "layer"),
+    "group8_head_scope": (2, 8, 128, [700, 256, 5], {1}, "head"),
+}
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("shape", list(_SHAPES))
+@pytest.mark.parametrize("block_n", [32, 16])
+def test_gluon_decode_matches_reference_and_triton(bits, shape, block_n, nan_empty):
+    """Head_dim 128 on CUDA: the Gluon stage 1 (+ the rotating merge launch) against the fp32 torch
+    reference (the bound of the Triton kernel's tests) and against the default Triton kernel on the
+    same pool (both dequantize to fp16 with one rounding and round probabilities to fp16; only the
+    summation order differs)."""
+    h, g, p, lens, last_sealed, scope = _SHAPES[shape]
+    d = 128
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope)
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
+                      device=torch.device("cuda"), seed=bits * 10 + len(shape))
+    q = torch.randn(len(lens), h * g, d).bfloat16().cuda()
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
+    out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=dict(block_n=block_n))
+    err = rel_rms(out, ref)
+    assert err < ATTN_BOUND_FP32_OUT, f"Gluon vs reference: relative RMS {err:.2e}"
+    tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
+    assert rel_rms(out, tri) < 1e-3, f"Gluon vs Triton: relative RMS {rel_rms(out, tri):.2e}"
+    out16 = _decode(pool, q, gluon=True, tune=dict(block_n=block_n))  # allocated here: the dtype of q
+    assert out16.dtype == torch.bfloat16 and rel_rms(out16, ref) < ATTN_BOUND_BF16_OUT
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+def test_gluon_decode_split_counts_and_constant_groups(bits, nan_empty):
+    """Several split counts (empty splits included) agree, and constant / all-zero groups stay
+    finite and match the reference."""
+    cfg = OscarConfig(bits=bits, page_size=128)
+    pool = build_pool(cfg, h=2, d=128, p=128, lens=[5 * 128 + 7, 3, 256, 300], last_sealed={2},
+                      kinds={0: "zero", 1: "constant", 3: "mixed"}, device=torch.device("cuda"), seed=bits)  # fmt: skip
+    q = torch.randn(4, 8, 128).bfloat16().cuda()
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
+    outs = [_decode(pool, q, gluon=True, out=torch.empty(q.shape, device="cuda"), tune=dict(num_splits=n)) for n in (1, 3, 16)]
+    for o in outs:
+        assert rel_rms(o, ref) < ATTN_BOUND_FP32_OUT
+    for o in outs[1:]:
+        assert rel_rms(o, outs[0]) < 1e-3
+
+
+def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
+    """Clear errors before any launch (so also where Gluon cannot run): the fused write, head dims
+    whose fragments would split a code word, value groups narrower than a lane's channels, tiles
+    that split a key group."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    pool = build_pool(cfg, h=1, d=64, p=32, lens=[40], seed=5)
+    q = torch.randn(1, 4, 64).bfloat16().to(DEVICE)
+    with pytest.raises(ValueError, match="head_dim a multiple of 128"):
+        _decode(pool, q, gluon=True)
+    cfg = OscarConfig(bits=4, page_size=32, v_group=8)
+    pool = build_pool(cfg, h=1, d=128, p=32, lens=[40], seed=6)
+    q = torch.randn(1, 4, 128).bfloat16().to(DEVICE)
+    with pytest.raises(ValueError, match="v_group a multiple of head_dim/8 = 16"):
+        _decode(pool, q, gluon=True)
+    cfg = OscarConfig(bits=4, page_size=32, k_group=16)
+    pool = build_pool(cfg, h=1, d=128, p=32, lens=[40], seed=7)
+    with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=16"):
+        _decode(pool, q, gluon=True, tune=dict(block_n=32))
+    new = torch.zeros(1, 1, 128, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="does not fuse the write"):
+        _decode(pool, q, gluon=True, tune=dict(block_n=16), new_k=new, new_v=new, new_loc=torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                staging_scale=pool.staging_scale)
+
+
+def test_rotating_merge_launch_equals_merge_then_rotation(nan_empty):
+    """``merge_launch(rotation=True)`` (the Gluon path's merge: partials in the rotated basis) is
+    the plain weighted-sum merge followed by the inverse Walsh-Hadamard rotation, empty splits
+    (lse = -inf) included."""
+    gen = torch.Generator().manual_seed(11)
+    b, hq, n, d = 2, 4, 5, 64
+    part_o = torch.randn(b, hq, n, d, generator=gen).to(DEVICE)
+    part_lse = (torch.randn(b, hq, n, generator=gen) * 4).to(DEVICE)
+    part_lse[0, 1, 2] = float("-inf")
+    plain = torch.empty(b, hq, d, device=DEVICE)
+    kdecode.merge_launch(part_o, part_lse, plain)
+    rotated = torch.empty(b, hq, d, device=DEVICE)
+    kdecode.merge_launch(part_o, part_lse, rotated, rotation=True)
+    expect = R.hadamard(plain.float().cpu())
+    assert torch.allclose(rotated.cpu(), expect, rtol=1e-5, atol=1e-5)
+    # and the weighted sum itself, from the log-sum-exps (base 2)
+    w = torch.softmax(part_lse.cpu() * math.log(2), dim=-1)
+    assert torch.allclose(plain.cpu(), (w[..., None] * part_o.cpu()).sum(2), rtol=1e-5, atol=1e-5)

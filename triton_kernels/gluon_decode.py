@@ -1,0 +1,430 @@
+"""Decode stage 1 in Triton's Gluon dialect: explicit ``mma_v2`` operand layouts on layout v1 (issue 14
+item 1, first step; design: benches/results/kernels_gluon_design.md).
+
+NOT YET RUN ON A GPU. It compiles for sm_90 with Triton 3.6.0 (checked on a CPU-only machine,
+``triton.compile`` to a cubin); whether it computes the right values is what the ``gpu`` tests in
+tests/test_kernels_decode_gluon.py will tell. Opt-in only: ``oscar_decode_attention`` runs it when
+its private ``_tuning`` has ``gluon=True``, never by default.
+
+Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, split
+``num_splits`` takes the last page, one normalized partial and log-sum-exp per (request, query
+head, split)), with three differences: one warp per program always; no fused write, query rotation
+or merge; the partials stay in the rotated basis (the merge launch rotates after the weighted sum,
+``merge_launch(..., rotation=True)``).
+
+What the kernel controls that Triton does not let the portable kernel control: the register layout
+of every operand. Transposed form as in ``decode.py`` (``S^T = K Q^T``, ``O^T += V^T P^T``, the GQA
+heads the MMA N side). The key tile is the A operand of ``mma.sync.m16n8k16``: lane ``(g, t)``
+(``lane = 4g + t``) holds tokens ``g + 8r`` and, over the D/16 k-chunks, 32 fragment positions that
+the kernel maps to the channels of whole code words: ``[t*D/4, (t+1)*D/4)``, i.e. words
+``[t*WPL, (t+1)*WPL)`` of each of its tokens (WPL = D*BITS/128: one 8-byte load for INT2 at D=128,
+one 16-byte load for INT4). The dot product does not care which channel sits at which k position:
+the query operand is loaded in the same order (``key_channel``). The value tile is the A operand of
+``V^T P^T``: lane ``(g, t)`` holds channels ``[g*D/8, (g+1)*D/8)`` (one INT2 word, two INT4 words per
+token) of tokens ``2t, 2t+1 (+8, +16, ...)``; the output rows come out in that channel order
+(``value_channel``) and are stored back in channel order. A register pairs two codes of one word
+(keys) or of the two tokens of a pair (values, after one byte permute), so every lane dequantizes
+exactly the words it loaded: no code word or dequantized value crosses shared memory. The
+dequantized tiles are built in a blocked "pair domain" layout whose reshape to the operand shape
+is the ``DotOperandLayout`` up to a register permutation, and ``gl.convert_layout`` to the operand
+layout is then register-only (checked in the compiled sm_90 code: see the design note).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Gluon is experimental: absent, or with another API, on other Triton versions (CPU CI has 3.8)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    GLUON_IMPORT_ERROR: str | None = None
+except Exception as exc:  # noqa: BLE001 - any failure means: no Gluon path here
+    gluon = gl = mma_v2 = None
+    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+def gluon_available(device: torch.device | None = None) -> str | None:
+    """None when the Gluon stage 1 can run (on ``device``), else the reason it cannot."""
+    import triton
+
+    if GLUON_IMPORT_ERROR is not None:
+        return f"triton.experimental.gluon does not import ({GLUON_IMPORT_ERROR})"
+    if not triton.__version__.startswith("3.6."):
+        return f"the Gluon stage 1 is written against Triton 3.6's Gluon API, this is Triton {triton.__version__}"
+    if device is not None and (device.type != "cuda" or torch.version.hip is not None):
+        return f"the Gluon stage 1 needs an NVIDIA GPU, got device {device}"
+    if device is not None and torch.cuda.get_device_capability(device)[0] < 8:
+        return "the Gluon stage 1 needs mma.sync (sm_80 or newer)"
+    return None
+
+
+def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, block_n: int, group: int) -> None:
+    """ValueError unless the Gluon stage 1 supports this layer and tile (the fragment mapping needs
+    whole code words per lane, a value group that covers a lane's channels, and a key group that
+    spans whole tiles)."""
+    cpw = 32 // bits
+    if head_dim // 8 % cpw or head_dim < 128:
+        raise ValueError(f"the Gluon stage 1 needs head_dim a multiple of {8 * cpw} and >= 128 (whole code words per "
+                         f"lane for keys and values), got head_dim={head_dim} at {bits} bits")
+    if v_group % (head_dim // 8):
+        raise ValueError(f"the Gluon stage 1 needs v_group a multiple of head_dim/8 = {head_dim // 8} (one value group "
+                         f"per lane), got v_group={v_group}")
+    if block_n not in (16, 32) or k_group % block_n:
+        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32) dividing k_group={k_group}, got block_n={block_n}")
+    if group > 16:
+        raise ValueError(f"the Gluon stage 1 takes at most 16 query heads per KV head, got {group}")
+
+
+if gl is not None:
+    _PAIR_ASM = gl.constexpr(
+        "{\n"
+        ".reg .b32 t;\n"
+        "lop3.b32 t, $1, $2, $3, 0xea;\n"  # (x & mask) | magic: fp16 pair (2^(10-b) + c_lo, 2^(10-b) + c_hi)
+        "sub.rn.f16x2 t, t, $3;\n"  # exact codes
+        "fma.rn.f16x2 $0, t, $4, $5;\n"  # code * scale + offset, one rounding
+        "}"
+    )
+
+    @gluon.jit
+    def _dequant_pairs(x, i, s_pk, o_pk, BITS: gl.constexpr):
+        """f16x2 (scale, offset) applied to the code pair at bit ``(i % J) * BITS`` of both 16-bit
+        halves of int32 ``x`` (``i >= J``: of the high bytes) -> the two fp16 values (low, high half)."""
+        J: gl.constexpr = 8 // BITS
+        QM: gl.constexpr = (1 << BITS) - 1
+        xs = x >> ((i // J) * 8)
+        bpos = (i % J) * BITS
+        mask = (QM << bpos) * 65537
+        magic = ((25 - bpos) << 10) * 65537
+        t = gl.inline_asm_elementwise(_PAIR_ASM, "=r,r,r,r,r,r", [xs, mask, magic, s_pk, o_pk], dtype=gl.int32,
+                                      is_pure=True, pack=1)
+        lo = (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
+        hi = (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
+        return lo, hi
+
+    @gluon.jit
+    def _pack_f16(a, b):
+        """Two fp16 tensors -> int32 f16x2 pairs (a in the low half)."""
+        lo = a.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        hi = b.to(gl.int16, bitcast=True).to(gl.int32) << 16
+        return lo | hi
+
+    @gluon.jit
+    def _pair_words(a, b):
+        """Int32 words of two tokens -> their low halves paired ``(a.lo, b.lo)`` and their high
+        halves ``(a.hi, b.hi)``: one byte permute (PRMT) each."""
+        lo = gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [a, b], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+        hi = gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, b], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+        return lo, hi
+
+    @gluon.jit
+    def _tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr,
+                  BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr,
+                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr):
+        """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head
+        ``i_h``), each lane loading exactly the words and params its operand registers use:
+        key words ``[BLOCK_N, WPL, 4]``, key (scale, offset) halves ``[WPL, HALF, 4]`` x 2 x 2, s_t
+        ``[BLOCK_N]``, value words of the even / odd tokens ``[WPLV, 8, BLOCK_N/2]``, value params
+        of the even / odd tokens ``[8, BLOCK_N/2]`` x 2 x 2."""
+        W: gl.constexpr = D * BITS // 32
+        CPW: gl.constexpr = 32 // BITS
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = W // 4
+        WPLV: gl.constexpr = W // 8
+        NG: gl.constexpr = D // G_V
+        NP: gl.constexpr = BLOCK_N // 2
+        row0 = (page * H + i_h) * P + t0  # first token row of the tile (int64)
+
+        # keys: words [BLOCK_N, WPL, 4] in the pair domain LK with the HALF axis sliced away
+        LKW: gl.constexpr = gl.SliceLayout(2, LK)
+        o_m = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKW)))
+        o_wi = gl.arange(0, WPL, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW)))
+        o_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW)))
+        off_k = (o_m[:, None, None] * W + o_t[None, None, :] * WPL + o_wi[None, :, None]).to(gl.int32)
+        kw = gl.load(kw_ptr + row0 * W + off_k)
+
+        # key params of the tile's group: [WPL, HALF, 4] for channel t*D/4 + wi*CPW + e*HALF + i
+        LKP: gl.constexpr = gl.SliceLayout(0, LK)
+        p_wi = gl.arange(0, WPL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKP)))
+        p_i = gl.arange(0, HALF, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKP)))
+        p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKP)))
+        c0 = p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW + p_i[None, :, None]
+        kp_base = kp_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * (2 * D)
+        ks0 = gl.load(kp_base + c0)
+        ks1 = gl.load(kp_base + c0 + HALF)
+        ko0 = gl.load(kp_base + D + c0)
+        ko1 = gl.load(kp_base + D + c0 + HALF)
+
+        # token scales, in the layout of the logits' rows
+        o_s = gl.arange(0, BLOCK_N, layout=LS)
+        if S > 0:
+            st = gl.load(scale_ptr + (page * P + t0 + o_s) * S + s_col)
+        else:
+            st = gl.full([BLOCK_N], 1.0, gl.float32, LS)
+
+        # values: words of tokens 2tp / 2tp + 1 [WPLV, 8, NP], channels g*D/8 + wv*CPW + ...
+        LVW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LV))
+        v_wv = gl.arange(0, WPLV, layout=gl.SliceLayout(1, gl.SliceLayout(2, LVW)))
+        v_g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, LVW)))
+        v_tp = gl.arange(0, NP, layout=gl.SliceLayout(0, gl.SliceLayout(1, LVW)))
+        off_v = ((2 * v_tp[None, None, :]) * W + v_g[None, :, None] * WPLV + v_wv[:, None, None]).to(gl.int32)
+        vw0 = gl.load(vw_ptr + row0 * W + off_v)
+        vw1 = gl.load(vw_ptr + row0 * W + W + off_v)
+
+        # value params of the lane's group, both tokens of a pair: [8, NP]
+        LVP: gl.constexpr = gl.SliceLayout(0, LVW)
+        q_g = gl.arange(0, 8, layout=gl.SliceLayout(1, LVP))
+        q_tp = gl.arange(0, NP, layout=gl.SliceLayout(0, LVP))
+        off_p = ((2 * q_tp[None, :]) * (2 * NG) + (q_g[:, None] * (D // 8)) // G_V).to(gl.int32)
+        vp_base = vp_ptr + row0 * (2 * NG)
+        vs0 = gl.load(vp_base + off_p)
+        vs1 = gl.load(vp_base + 2 * NG + off_p)
+        vo0 = gl.load(vp_base + NG + off_p)
+        vo1 = gl.load(vp_base + 3 * NG + off_p)
+        return kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1
+
+    @gluon.jit
+    def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
+                D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
+                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr):
+        """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
+        dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands."""
+        HALF: gl.constexpr = 16 // BITS
+        W: gl.constexpr = D * BITS // 32
+        WPL: gl.constexpr = W // 4
+        WPLV: gl.constexpr = W // 8
+        NP: gl.constexpr = BLOCK_N // 2
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+
+        # ---- keys: pair domain [BLOCK_N, WPL, HALF, 4] -> A operand [BLOCK_N, D]
+        k_i = gl.arange(0, HALF, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LK))))
+        k_i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k_i, 0), 1), 3)  # [1, 1, HALF, 1]
+        x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
+        s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
+        o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
+        x4, k_i4 = gl.broadcast(x4, k_i4)
+        x4, s_pk = gl.broadcast(x4, s_pk)
+        x4, o_pk = gl.broadcast(x4, o_pk)
+        k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
+        b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
+        b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
+
+        b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
+        b_s = b_s * (st * sm_scale_log2)[:, None]
+        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
+        alpha = gl.exp2(m_i - m_new)
+        b_p = gl.exp2(b_s - m_new[None, :])
+        l_i = l_i * alpha + gl.sum(b_p, axis=0)
+
+        # ---- values: pair domain [WPLV, 2, HALF, 8, NP] -> A operand V^T [D, BLOCK_N]
+        v_lo, v_hi = _pair_words(vw0, vw1)
+        v_lo = gl.expand_dims(gl.expand_dims(v_lo, 1), 2)  # [WPLV, 1, 1, 8, NP]
+        v_hi = gl.expand_dims(gl.expand_dims(v_hi, 1), 2)
+        LV_HH: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
+        LV_I: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
+        v_hh = gl.arange(0, 2, layout=LV_HH)
+        v_i = gl.arange(0, HALF, layout=LV_I)
+        v_hh5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_hh, 0), 2), 3), 4)  # [1, 2, 1, 1, 1]
+        v_i5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_i, 0), 1), 3), 4)  # [1, 1, HALF, 1, 1]
+        vs_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(_pack_f16(vs0, vs1), 0), 1), 2)  # [1, 1, 1, 8, NP]
+        vo_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(_pack_f16(vo0, vo1), 0), 1), 2)
+        v_lo, v_hh5 = gl.broadcast(v_lo, v_hh5)
+        v_hi, _ = gl.broadcast(v_hi, v_hh5)
+        x5 = gl.where(v_hh5 == 0, v_lo, v_hi)  # [WPLV, 2, 1, 8, NP]
+        x5, v_i5 = gl.broadcast(x5, v_i5)
+        x5, vs_pk = gl.broadcast(x5, vs_pk)
+        x5, vo_pk = gl.broadcast(x5, vo_pk)
+        v_e, v_o = _dequant_pairs(x5, v_i5, vs_pk, vo_pk, BITS)  # even / odd token of each pair
+        b_vt = gl.reshape(gl.join(v_e, v_o), [D, BLOCK_N])
+        b_vt = gl.convert_layout(b_vt, A_OP, assert_trivial=True)
+
+        b_pt = gl.convert_layout(b_p.to(gl.float16), B_OP)
+        acc = mma_v2(b_vt, b_pt, acc * alpha[None, :])
+        return m_new, l_i, acc
+
+    @gluon.jit
+    def _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr, sm_scale_log2,
+                      H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, BLOCK_T: gl.constexpr,
+                      BLOCK_H: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr):
+        """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, BF16 from staging
+        slot ``stg``: plain loads converted to the operand layouts (one page per request)."""
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        base = (stg * H + i_h) * P * D
+        # keys [BLOCK_T, D], channel order
+        o_t = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, LLOAD))
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LLOAD))
+        m_t = o_t < n_valid
+        b_k = gl.load(stg_k_ptr + base + o_t[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
+        b_s = mma_v2(gl.convert_layout(b_k, A_OP), b_qb, gl.zeros([BLOCK_T, BLOCK_H], gl.float32, MMA))
+        o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
+        b_s = gl.where((o_tm < n_valid)[:, None], b_s * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
+        alpha = gl.exp2(m_i - m_new)
+        b_p = gl.exp2(b_s - m_new[None, :])
+        l_i = l_i * alpha + gl.sum(b_p, axis=0)
+        # values V^T [D, BLOCK_T] with rows in the accumulator's (value_channel) order
+        o_r = gl.arange(0, D, layout=gl.SliceLayout(1, LLOAD))
+        o_tc = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, LLOAD))
+        c_r = _value_channel(o_r, D, BITS)
+        b_vt = gl.load(stg_v_ptr + base + o_tc[None, :] * D + c_r[:, None], mask=(o_tc < n_valid)[None, :], other=0.0)
+        b_pt = gl.convert_layout(b_p.to(gl.bfloat16), B_OP)
+        acc = mma_v2(gl.convert_layout(b_vt, A_OP), b_pt, acc * alpha[None, :])
+        return m_new, l_i, acc
+
+    @gluon.jit
+    def _key_channel(p, D: gl.constexpr, BITS: gl.constexpr):
+        """The channel at k position ``p`` of the dequantized key operand: p = e + 2t + 8(wi*HALF + i)
+        holds channel t*D/4 + wi*CPW + e*HALF + i."""
+        HALF: gl.constexpr = 16 // BITS
+        CPW: gl.constexpr = 32 // BITS
+        e = p % 2
+        t = (p // 2) % 4
+        r = p // 8
+        return t * (D // 4) + (r // HALF) * CPW + e * HALF + r % HALF
+
+    @gluon.jit
+    def _value_channel(c, D: gl.constexpr, BITS: gl.constexpr):
+        """The channel at row ``c`` of the dequantized V^T operand (and of the accumulator):
+        c = g + 8((wv*2 + hh)*HALF + i) holds channel g*D/8 + wv*CPW + hh*HALF + i."""
+        HALF: gl.constexpr = 16 // BITS
+        CPW: gl.constexpr = 32 // BITS
+        g = c % 8
+        r = c // 8
+        return g * (D // 8) + (r // (2 * HALF)) * CPW + ((r // HALF) % 2) * HALF + r % HALF
+
+    @gluon.jit
+    def _gluon_decode_stage1_kernel(
+        qrot_ptr, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, stg_k_ptr, stg_v_ptr, p2s_ptr, kv_indptr_ptr,
+        page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr, sm_scale_log2,
+        H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
+        P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
+    ):  # fmt: skip
+        i_b = gl.program_id(0).to(gl.int64)
+        i_h = gl.program_id(1).to(gl.int64)
+        i_s = gl.program_id(2)
+        n_split = gl.num_programs(2) - 1
+        HQ: gl.constexpr = H * GROUP
+        TPP: gl.constexpr = P // BLOCK_N
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        if S > 1:
+            s_col = i_h
+        else:
+            s_col = 0
+
+        seq_len = gl.load(seq_lens_ptr + i_b)
+        kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
+        n_pages = (seq_len + P - 1) // P
+
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, MMA))
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, MMA))
+        acc = gl.zeros([D, BLOCK_H], gl.float32, MMA)
+
+        # queries Q^T [D, BLOCK_H]: k positions in the key operand's channel order (sealed tiles)
+        o_p = gl.arange(0, D, layout=gl.SliceLayout(1, LLOAD))
+        o_n = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, LLOAD))
+        q_row = (i_b * HQ + i_h * GROUP + o_n) * D
+        m_n = (o_n < GROUP)[None, :]
+
+        if i_s < n_split:
+            n_tiles = (n_pages - 1) * TPP
+            per = (n_tiles + n_split - 1) // n_split
+            t_lo = i_s * per
+            t_hi = gl.minimum(t_lo + per, n_tiles)
+        else:
+            page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
+            stg = gl.load(p2s_ptr + page).to(gl.int64)
+            if stg >= 0:
+                n_valid = seq_len - (n_pages - 1) * P
+                b_qb = gl.load(qrot_ptr + q_row[None, :] + o_p[:, None], mask=m_n, other=0.0)
+                b_qb = gl.convert_layout(b_qb.to(gl.bfloat16), B_OP)
+                for t0 in range(0, n_valid, BLOCK_T):
+                    m_i, l_i, acc = _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr,
+                                                  sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LLOAD)
+                t_lo = 0
+                t_hi = 0
+            else:
+                t_lo = (n_pages - 1) * TPP
+                t_hi = n_pages * TPP
+
+        # sealed tiles [t_lo, t_hi): the loads of tile it + 1 are issued before tile it's math
+        c_q = _key_channel(o_p, D, BITS)
+        b_q = gl.load(qrot_ptr + q_row[None, :] + c_q[:, None], mask=m_n, other=0.0)
+        b_q = gl.convert_layout(b_q.to(gl.float16), B_OP)
+        LS: gl.constexpr = gl.SliceLayout(1, MMA)
+        pg_idx = page_idx_ptr + kv_start
+        if t_lo < t_hi:
+            page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
+            raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
+            for it in range(t_lo, t_hi):
+                nxt = gl.minimum(it + 1, t_hi - 1)  # the last tile re-loads itself (never read past the end)
+                page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
+                raw_n = _tile_raw(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
+                                  scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
+                kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
+                m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc,
+                                        sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA)
+                raw = raw_n
+
+        # normalized partial (rotated basis) and log-sum-exp; empty split: lse = -inf, zero partial
+        has = l_i > 0.0
+        b_lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        b_o = acc / gl.where(has, l_i, 1.0)[None, :]
+        o_c = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)), D, BITS)
+        o_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, MMA))
+        o_part = (i_b * HQ + i_h * GROUP + o_h) * (n_split + 1) + i_s
+        gl.store(part_o_ptr + o_part[None, :] * D + o_c[:, None], b_o, mask=(o_h < GROUP)[None, :])
+        gl.store(part_lse_ptr + o_part, b_lse, mask=o_h < GROUP)
+
+
+def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> dict[str, object]:
+    """The compile-time layouts of ``_gluon_decode_stage1_kernel`` (one warp), by parameter name.
+
+    ``LK``: key pair domain ``[BLOCK_N, WPL, HALF, 4]``: lanes ``4g + t`` with t the last axis and g
+    the token (rows g + 8r), the words and pairs of a lane in registers. ``LV``: value pair domain
+    ``[WPLV, 2, HALF, 8, BLOCK_N/2]``: lanes with t the token-pair axis (pairs t + 4r) and g the 8-row
+    channel axis. ``MMA``: ``mma.sync`` m16n8 accumulators. ``LLOAD``: plain loads (queries, open page)."""
+    d, w = head_dim, head_dim * bits // 32
+    half = 16 // bits
+    wpl, wplv = w // 4, w // 8
+    return {
+        "LK": gl.BlockedLayout([1, wpl, half, 1], [8, 1, 1, 4], [1, 1, 1, 1], [3, 2, 1, 0]),
+        "LV": gl.BlockedLayout([wplv, 2, half, 1, 1], [1, 1, 1, 8, 4], [1, 1, 1, 1, 1], [4, 3, 2, 1, 0]),
+        "MMA": gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]),
+        "LLOAD": gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]),
+    }
+
+
+def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], group: int, kv_indptr: torch.Tensor,
+                        kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
+                        part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int) -> None:
+    """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
+    page): rotated-basis partials and log-sum-exps into ``part_o`` / ``part_lse``. The caller
+    (``oscar_decode_attention``) has checked the inputs; the shape limits are ``check_gluon_shape``'s."""
+    reason = gluon_available(q_rot.device)
+    if reason is not None:
+        raise RuntimeError(reason)
+    b, hq, d = q_rot.shape
+    h = pool_args["H"]
+    block_h = max(8, 1 << (group - 1).bit_length())
+    check_gluon_shape(bits=pool_args["BITS"], head_dim=d, k_group=pool_args["G_K"], v_group=pool_args["G_V"],
+                      block_n=block_n, group=group)
+    _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
+        qrot_ptr=q_rot, kw_ptr=pool_args["kw_ptr"], kp_ptr=pool_args["kp_ptr"].view(torch.float16),
+        vw_ptr=pool_args["vw_ptr"], vp_ptr=pool_args["vp_ptr"].view(torch.float16), scale_ptr=pool_args["scale_ptr"],
+        stg_k_ptr=pool_args["stg_k_ptr"], stg_v_ptr=pool_args["stg_v_ptr"], p2s_ptr=pool_args["p2s_ptr"],
+        kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,
+        part_lse_ptr=part_lse, sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
+        BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
+        BLOCK_N=block_n, BLOCK_T=block_t,
+        **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
+        num_warps=1,
+    )  # fmt: skip
