@@ -26,7 +26,7 @@ needs_gluon = pytest.mark.skipif(_GLUON_REASON is not None, reason=f"the Gluon s
 def _decode(pool, q, *, gluon: bool, out=None, tune=None, **kw):
     """One decode launch; ``tune``: fields of the default ``_DecodeTuning`` to override."""
     b, hq, d = q.shape
-    h, p = pool.staging_k.shape[1], pool.staging_k.shape[2]
+    h, p = pool.layer.staging_k.shape[1], pool.layer.staging_k.shape[2]
     tuning = dataclasses.replace(kdecode._default_tuning(b, h, d, p), gluon=gluon, **(tune or {}))
     return oscar_decode_attention(
         q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
