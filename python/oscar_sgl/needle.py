@@ -7,7 +7,7 @@ it writes is exactly the passkey.
 The prompt is the classic passkey prompt of Mohtashami & Jaggi (2023, "Landmark Attention"): an
 instruction, the sentence ``The grass is green. The sky is blue. The sun is yellow. Here we go. There
 and back again.`` repeated, the needle ``The pass key is 12345. Remember it. 12345 is the pass key.``
-and ``What is the pass key? The pass key is``. With ``haystack="text"`` the filler is a real text
+(here as a paragraph of its own) and ``What is the pass key? The pass key is``. With ``haystack="text"`` the filler is a real text
 instead (the package's embedded *Emma* opening or any UTF-8 file), cut at a seeded offset.
 
 Lengths are whole contexts: prompt tokens plus the generated tokens, so a length equal to the
@@ -44,7 +44,9 @@ from typing import Any, Callable, Iterable, Sequence
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.\n\n")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+#: The original needle, set as its own paragraph: inline (one space either side) SmolLM2-135M found it
+#: in 1 of 3 prompts at 2K tokens, as a paragraph in 3 of 3 at 2K and 4K (benches/results/needle.md).
+NEEDLE = "\n\nThe pass key is {key}. Remember it. {key} is the pass key.\n\n"
 QUESTION = "\n\nWhat is the pass key? The pass key is"
 #: Passkeys are drawn uniformly from these (5 digits).
 KEY_RANGE = (10000, 99999)
@@ -489,11 +491,14 @@ def plot(report: dict[str, Any], png: Any, title: str | None = None) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     markers = "osD^vP*X"
+    n = len(report["methods"])
     for i, m in enumerate(report["methods"]):
         rows = sorted((r for r in report["accuracy"] if r["label"] == m["label"]), key=lambda r: r["length"])
         if not rows:
             continue
-        ax.plot([r["length"] for r in rows], [100 * r["accuracy"] for r in rows], marker=markers[i % len(markers)],
+        # Equal accuracies would hide each other: each method's line is shifted by up to +-1.5 points.
+        shift = 0.0 if n == 1 else 3.0 * (i / (n - 1) - 0.5)
+        ax.plot([r["length"] for r in rows], [100 * r["accuracy"] + shift for r in rows], marker=markers[i % len(markers)],
                 linestyle="-" if not m["label"].startswith("server") else "--",
                 label=f"{m['label']} ({m['effective_bits']:.2f} bits)")
     ax.set_xscale("log", base=2)
@@ -502,7 +507,7 @@ def plot(report: dict[str, Any], png: Any, title: str | None = None) -> None:
     ax.set_xticklabels([f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths])
     ax.set_ylim(-5, 105)
     ax.set_xlabel("context length (tokens, prompt + answer)")
-    ax.set_ylabel("passkey retrieved (%)")
+    ax.set_ylabel("passkey retrieved (%; lines shifted ±1.5 to stay visible)")
     ax.set_title(title or f"passkey retrieval, {report['model_short']} ({report['haystack']} haystack, {report['prefill']} prefill)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
