@@ -91,14 +91,14 @@ def test_kept_restore_cache_attends_to_what_oscar_cache_restores(smollm2, emma_i
     decode steps through both caches, bit for bit."""
     model = smollm2[0]
     cfg = OscarConfig(bits=2, k_group=32, v_group=32, page_size=32)
-    ids = emma_ids[:, :100]
+    ids = emma_ids[:, :110]
     a, b = OscarCache(model.config, cfg), nd._kept_restore_cache(model.config, cfg)
-    with torch.inference_mode():
-        for lo, hi in ((0, 40), (40, 70), *((i, i + 1) for i in range(70, 100))):
+    with torch.inference_mode():  # a chunk over one page boundary, one over two, then decode steps
+        for lo, hi in ((0, 40), (40, 100), *((i, i + 1) for i in range(100, 110))):
             la = model(ids[:, lo:hi], past_key_values=a, use_cache=True).logits
             lb = model(ids[:, lo:hi], past_key_values=b, use_cache=True).logits
             assert torch.equal(la, lb), (lo, hi)
-    assert b.get_seq_length() == 100 and b.layers[0].sealed_k_tokens == 96
+    assert b.get_seq_length() == 110 and b.layers[0].sealed_k_tokens == 96
 
 
 def test_generation_paths_agree_where_nothing_is_quantized(smollm2):
@@ -123,7 +123,7 @@ def _main(capsys, *args):
 
 @pytest.mark.parametrize("args, line", [
     (["--lengths", "1024", "9000"], "error: --lengths must be at most the model's context (8192 tokens, prompt + answer), got 9000"),
-    (["--lengths", "50"], "error: --lengths must be at least 106 tokens for this prompt (67 tokens of instruction, needle "
+    (["--lengths", "50"], "error: --lengths must be at least 109 tokens for this prompt (70 tokens of instruction, needle "
      "and question, 32 of haystack, 7 generated), got 50"),
     (["--lengths", "120"], "error: --lengths must leave at least one sealed page (--page-size 128) before the question "
      "with --prefill context, got 120 (context of 101 tokens): nothing would be quantized"),
@@ -153,8 +153,8 @@ def test_text_too_short_for_the_longest_length(capsys, tmp_path):
     text = tmp_path / "short.txt"
     text.write_text("It was the best of times, it was the worst of times. " * 100)
     code, err, _ = _main(capsys, "--haystack", "text", "--text", str(text), "--lengths", "1024", "4096")
-    # 4096 - 7 generated - 67 of instruction, needle and question
-    assert (code, err) == (2, f"error: --text must hold 4022 tokens of haystack for --lengths 4096: {text} has 1401\n")
+    # 4096 - 7 generated - 70 of instruction, needle and question
+    assert (code, err) == (2, f"error: --text must hold 4019 tokens of haystack for --lengths 4096: {text} has 1401\n")
 
 
 def test_unreachable_server(capsys):

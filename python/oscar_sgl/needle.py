@@ -215,21 +215,21 @@ def _kept_restore_cache(model_config: Any, cfg: Any) -> Any:
             import torch
 
             assert self.k_tail is not None and self.v_tail is not None
+            # Per batch row: [pages restored, their keys [H, T, D] or None, their values or None].
             kept = self.__dict__.setdefault("_kept", [])
             while len(kept) < len(self.k_blocks):
-                kept.append([[], []])
+                kept.append([0, None, None])
             keys, values = [], []
-            for b, (ks, vs) in enumerate(kept):
-                for blk in self.k_blocks[b][len(ks):]:
-                    ks.append(ref.restore_k(blk, self.cfg, self.head_dim).to(self.dtype))
-                for blk in self.v_blocks[b][len(vs):]:
-                    vs.append(ref.restore_v(blk, self.cfg, self.head_dim).to(self.dtype))
-                if len(ks) > 1:  # one tensor per row: the next step concatenates one piece, not every page
-                    ks[:] = [torch.cat(ks, dim=1)]
-                if len(vs) > 1:
-                    vs[:] = [torch.cat(vs, dim=1)]
-                keys.append(torch.cat([*ks, self.k_tail[b]], dim=1))
-                values.append(torch.cat([*vs, self.v_tail[b]], dim=1))
+            for b, row in enumerate(kept):
+                new = len(self.k_blocks[b]) - row[0]
+                if new:
+                    ks = [ref.restore_k(blk, self.cfg, self.head_dim).to(self.dtype) for blk in self.k_blocks[b][row[0]:]]
+                    vs = [ref.restore_v(blk, self.cfg, self.head_dim).to(self.dtype) for blk in self.v_blocks[b][row[0]:]]
+                    row[1] = torch.cat([t for t in (row[1], *ks) if t is not None], dim=1)
+                    row[2] = torch.cat([t for t in (row[2], *vs) if t is not None], dim=1)
+                    row[0] += new
+                keys.append(self.k_tail[b] if row[1] is None else torch.cat([row[1], self.k_tail[b]], dim=1))
+                values.append(self.v_tail[b] if row[2] is None else torch.cat([row[2], self.v_tail[b]], dim=1))
             return torch.stack(keys), torch.stack(values)
 
         def reset(self) -> None:
