@@ -2,7 +2,7 @@
 
     oscar-sgl eval ppl --text FILE [--model PATH|default] --bits 2 4 --methods oscar kivi ... --json OUT
     oscar-sgl eval tni --text FILE [--model ...] --png OUT.png
-    oscar-sgl eval needle --lengths 1024 2048 4096 8192 --trials 2 --bits 2 4 --png OUT.png --json OUT.json
+    oscar-sgl eval needle --lengths 1024 2048 4096 8192 --depths 0.1 0.5 0.9 --trials 2 --png OUT.png
     oscar-sgl plan --shape 32,8,128 --gpu-mem-gb 80
     oscar-sgl model path
     oscar-sgl serve ARGS...    # python -m sglang.launch_server ARGS..., set up for --device cpu (serve.py)
@@ -254,7 +254,7 @@ def _add_needle_parser(evsub: Any) -> None:
     nd.add_argument("--lengths", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192],
                     help="context lengths in tokens, prompt + generated answer; at most the model's context "
                     "(default: %(default)s)")
-    nd.add_argument("--depths", type=_fraction, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9],
+    nd.add_argument("--depths", type=_fraction, nargs="+", default=[0.1, 0.5, 0.9],
                     help="where the needle sits in the haystack, 0 = start, 1 = end (default: %(default)s)")
     nd.add_argument("--trials", type=_positive, default=2,
                     help="trials (passkeys, and haystack offsets with --haystack text) per length and depth "
