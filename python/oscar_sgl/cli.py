@@ -507,7 +507,7 @@ def cmd_eval_needle(args: argparse.Namespace) -> int:
     if not args.server_only:
         _setup_torch(args.threads)
         lm = models.load_model(str(folder))
-        methods = nd.methods_for(configs, lm.config)
+        methods = nd.methods_for(configs, lm)
         trials = nd.run(lm, task, prompts, methods, new_tokens, args.prefill, bar.update)
     else:
         trials = [nd.Trial(p.length, p.depth, p.trial, p.passkey, p.actual_depth) for p in prompts]

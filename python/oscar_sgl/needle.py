@@ -152,8 +152,8 @@ class NeedleTask:
 
     def _haystack(self, n: int, offset: int) -> list[int]:
         if self.haystack == "filler":
-            while len(self._hay) < n:  # the filler repeated, tokenized whole (a sentence is ~5 tokens)
-                self._hay = self._enc(" ".join([FILLER] * max(16, 2 * len(self._hay) // 16)))
+            if len(self._hay) < n:  # the filler repeated, tokenized whole: each copy is more than 8 tokens
+                self._hay = self._enc(" ".join([FILLER] * (n // 8 + 16)))
         return self._hay[offset:offset + n]
 
     def _piece_ends(self, ids: Sequence[int]) -> list[bool]:
@@ -336,16 +336,14 @@ class Trial:
     correct: dict[str, bool] = field(default_factory=dict)
 
 
-def methods_for(configs: Iterable[Any], model_config: Any) -> list[Method]:
-    """Full precision (bits of the model's dtype) and one `Method` per quantized config."""
-    import torch
-
+def methods_for(configs: Iterable[Any], model: Any) -> list[Method]:
+    """Full precision (the bits of the KV the model writes: its parameters' dtype) and one `Method`
+    per quantized config."""
     from .supported import check_quality_model
 
-    dtype = getattr(model_config, "dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    full = Method(FULL, None, 8.0 * torch.empty((), dtype=dtype).element_size())
+    dtype = next(model.parameters()).dtype
+    model_config = model.config
+    full = Method(FULL, None, 8.0 * dtype.itemsize)
     out = [full]
     for cfg in configs:
         _, heads, head_dim = check_quality_model(cfg, model_config)
@@ -499,7 +497,7 @@ def plot(report: dict[str, Any], png: Any, title: str | None = None) -> None:
         # Equal accuracies would hide each other: each method's line is shifted by up to +-1.5 points.
         shift = 0.0 if n == 1 else 3.0 * (i / (n - 1) - 0.5)
         ax.plot([r["length"] for r in rows], [100 * r["accuracy"] + shift for r in rows], marker=markers[i % len(markers)],
-                linestyle="-" if not m["label"].startswith("server") else "--",
+                linestyle="--" if "server" in m["label"] else "-",
                 label=f"{m['label']} ({m['effective_bits']:.2f} bits)")
     ax.set_xscale("log", base=2)
     lengths = sorted({r["length"] for r in report["accuracy"]})
