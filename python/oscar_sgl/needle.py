@@ -15,12 +15,13 @@ model's context (8192 for SmolLM2) fits exactly. The prompt is assembled from to
 instruction, the haystack cut to size, the needle, the question), so its length is exact; the needle
 starts after the sentence end of the haystack nearest to the requested depth.
 
-Two ways a quantized cache meets the prompt (`prefill`), both what the SGLang server computes:
+Two ways a quantized cache meets the prompt (`prefill`):
 
 - ``context`` (the default): the context (instruction, haystack, needle) is prefilled exactly, once,
-  and its whole pages are sealed; the question and the answer then read them as codes. This is a
-  document already in the server's radix cache followed by a question (``--oscar-prefill exact``,
-  warm), and the usual protocol of KV-quantization papers (full-precision prefill, generation
+  and its whole pages are sealed; the question and the answer then read them as codes. This is close
+  to a document already in the server's radix cache followed by a question (``--oscar-prefill
+  exact``, warm; there the context's last, partial page is recomputed over the codes, here it keeps
+  its exact prefill), and the protocol of KIVI-style evaluations (full-precision prefill, generation
   from the quantized cache). One exact prefill serves every method.
 - ``position``: every prompt token reads the pages below its own page as codes
   (``--oscar-prefill position``, the server's default, whatever the radix cache held); costs one
