@@ -2,6 +2,7 @@
 
     oscar-sgl eval ppl --text FILE [--model PATH|default] --bits 2 4 --methods oscar kivi ... --json OUT
     oscar-sgl eval tni --text FILE [--model ...] --png OUT.png
+    oscar-sgl eval needle --lengths 1024 2048 4096 8192 --depths 0.1 0.5 0.9 --trials 2 --png OUT.png
     oscar-sgl plan --shape 32,8,128 --gpu-mem-gb 80
     oscar-sgl model path
     oscar-sgl serve ARGS...    # python -m sglang.launch_server ARGS..., set up for --device cpu (serve.py)
@@ -203,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     tni.add_argument("--png", type=_output_file, default=None, help="write a plot here")
     tni.add_argument("--json", type=_output_file, default=None, help="write the statistics as JSON here")
 
+    _add_needle_parser(evsub)
+
     plan = sub.add_parser("plan", help="how many KV tokens fit in a GPU memory budget: BF16, FP8, INT4, INT2")
     shape = plan.add_mutually_exclusive_group()
     shape.add_argument("--model", default=None,
@@ -226,6 +229,54 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False, help="python -m sglang.launch_server ARGS..., plus what SGLang "
                    "0.5.23 needs to serve on a CPU without sgl_kernel when ARGS say --device cpu")
     return parser
+
+
+def _fraction(value: str) -> float:
+    """argparse type of --depths: a number from 0 to 1."""
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not 0.0 <= x <= 1.0:  # nan fails too
+        raise argparse.ArgumentTypeError(f"must be numbers from 0 (haystack start) to 1 (its end), got {value}")
+    return x
+
+
+def _add_needle_parser(evsub: Any) -> None:
+    from .needle import HAYSTACKS, PREFILL_MODES
+
+    nd = evsub.add_parser("needle", help="passkey retrieval (a needle in filler text) at several context lengths, "
+                          "full precision vs quantized KV (oscar_sgl/needle.py)")
+    _add_model_flags(nd)
+    nd.add_argument("--haystack", choices=HAYSTACKS, default="filler",
+                    help="filler: the classic passkey prompt's repeated sentence (Mohtashami & Jaggi 2023); text: "
+                    "--text cut at a seeded offset (default: %(default)s)")
+    nd.add_argument("--lengths", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192],
+                    help="context lengths in tokens, prompt + generated answer; at most the model's context "
+                    "(default: %(default)s)")
+    nd.add_argument("--depths", type=_fraction, nargs="+", default=[0.1, 0.5, 0.9],
+                    help="where the needle sits in the haystack, 0 = start, 1 = end (default: %(default)s)")
+    nd.add_argument("--trials", type=_positive, default=2,
+                    help="trials (passkeys, and haystack offsets with --haystack text) per length and depth "
+                    "(default: %(default)s)")
+    nd.add_argument("--seed", type=_count(0), default=0, help="seed of passkeys and offsets (default: %(default)s)")
+    nd.add_argument("--bits", type=int, nargs="+", default=[2, 4], choices=(2, 4),
+                    help="code widths, each with every --methods (default: 2 4)")
+    nd.add_argument("--methods", nargs="+", default=["oscar", "kivi"], choices=sorted(METHODS),
+                    help="quantization methods, each with every --bits; full precision always runs (default: oscar kivi)")
+    nd.add_argument("--prefill", choices=PREFILL_MODES, default="context",
+                    help="context: the context prefilled exactly and sealed, the question and answer read it as codes "
+                    "(a cached document, then a question); position: every prompt token reads the pages below its own "
+                    "as codes (the server's --oscar-prefill position), one chunked prefill per method (default: %(default)s)")
+    nd.add_argument("--server", action="append", default=[], metavar="URL",
+                    help="also send every prompt (token ids, greedy) to this running SGLang server, e.g. "
+                    "http://127.0.0.1:30000; repeatable (benches/needle/run_server.py starts the two CPU servers)")
+    nd.add_argument("--server-only", action="store_true",
+                    help="only the --server runs: no local model, full precision or quantized cache")
+    nd.add_argument("--png", type=_output_file, default=None, help="write accuracy vs context length here")
+    nd.add_argument("--json", type=_output_file, default=None, help="write the results (and every trial) as JSON here")
+    nd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_quant_flags(nd)
 
 
 def _configs(args: argparse.Namespace) -> list[OscarConfig]:
@@ -389,6 +440,127 @@ def plot_tni(rows: list[dict[str, float]], png: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _duplicates(values: Sequence[Any]) -> list[Any]:
+    return sorted({v for v in values if list(values).count(v) > 1})
+
+
+def cmd_eval_needle(args: argparse.Namespace) -> int:
+    """Passkey retrieval: flags checked, then the model's context and the prompt's size, then the runs."""
+    from . import needle as nd
+
+    configs = _configs(args)
+    for flag, values in (("--lengths", args.lengths), ("--depths", args.depths)):
+        if _duplicates(values):
+            raise CliError(f"{flag} must not repeat a value, got {' '.join(f'{v:g}' for v in values)}")
+    if args.server_only and not args.server:
+        raise CliError("--server-only needs at least one --server URL")
+    if args.text != EMBEDDED_TEXT and args.haystack != "text":
+        raise CliError(f"--text is read only with --haystack text, got --haystack {args.haystack}")
+    lengths = sorted(args.lengths)
+    name, text = _text_path(args.text) if args.haystack == "text" else ("", None)
+    folder = _model_folder(args.model)
+    from transformers import AutoConfig
+
+    from . import model as models
+
+    hf_config = AutoConfig.from_pretrained(str(folder))
+    context = getattr(hf_config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if context and lengths[-1] > context:
+        raise CliError(f"--lengths must be at most the model's context ({context} tokens, prompt + answer), got {lengths[-1]}")
+    try:
+        task = nd.NeedleTask(models.load_tokenizer(str(folder)), args.haystack, text)
+    except nd.NeedleError as e:
+        raise CliError(f"--haystack {args.haystack}: {e}") from None
+    new_tokens = task.answer_tokens + 1
+    shortest = task.min_length(new_tokens)
+    if lengths[0] < shortest:
+        raise CliError(f"--lengths must be at least {shortest} tokens for this prompt ({task.fixed_tokens()} tokens of "
+                       f"instruction, needle and question, {nd.MIN_HAYSTACK} of haystack, {new_tokens} generated), "
+                       f"got {lengths[0]}")
+    if args.haystack == "text":
+        need = lengths[-1] - shortest + nd.MIN_HAYSTACK
+        have = task.available_haystack() or 0
+        if have < need:
+            raise CliError(f"--text must hold {need} tokens of haystack for --lengths {lengths[-1]}: {name} has {have}")
+    if not args.server_only and args.prefill == "context":
+        sealed = lengths[0] - new_tokens - len(task.question)
+        if sealed < args.page_size:
+            raise CliError(f"--lengths must leave at least one sealed page (--page-size {args.page_size}) before the "
+                           f"question with --prefill context, got {lengths[0]} (context of {sealed} tokens): nothing "
+                           "would be quantized")
+    servers = []
+    for url in args.server:
+        try:
+            method, info = nd.server_method(url)
+        except (OSError, ValueError, KeyError) as e:
+            raise CliError(f"--server must be a running SGLang server, got {url}: {e}") from None
+        if info.get("context_length") and lengths[-1] > info["context_length"]:
+            raise CliError(f"--lengths must be at most the server's context length ({info['context_length']}) for "
+                           f"--server {url}, got {lengths[-1]}")
+        servers.append((url, method, info))
+    prompts = [task.build(n, d, t, new_tokens, args.seed) for n in lengths for d in args.depths for t in range(args.trials)]
+
+    methods: list[Any] = []
+    trials: list[Any] = []
+    per_prompt = (0 if args.server_only else 1 + len(configs)) + len(servers)
+    bar = _needle_bar(len(prompts) * per_prompt, not args.no_progress)
+    if not args.server_only:
+        _setup_torch(args.threads)
+        lm = models.load_model(str(folder))
+        methods = nd.methods_for(configs, lm)
+        trials = nd.run(lm, task, prompts, methods, new_tokens, args.prefill, bar.update)
+    else:
+        trials = [nd.Trial(p.length, p.depth, p.trial, p.passkey, p.actual_depth) for p in prompts]
+    server_info = []
+    for url, _, _ in servers:
+        method, info, got = nd.run_server(url, task, prompts, new_tokens, bar.update)
+        methods.append(method)
+        for t, g in zip(trials, got):
+            t.outputs.update(g.outputs)
+            t.correct.update(g.correct)
+        server_info.append({"url": url, "label": method.label} | info)
+    bar.close()
+    model_short = models.DEFAULT_NAME if args.model == "default" else Path(args.model).name
+    report = {
+        "model": args.model if args.model != "default" else f"default ({models.DEFAULT_NAME}, {models.DEFAULT_WHEEL})",
+        "model_short": model_short,
+        "model_context": context,
+        "haystack": args.haystack if args.haystack == "filler" else f"text {name}",
+        "prefill": args.prefill if not args.server_only else "server",
+        "lengths": lengths, "depths": args.depths, "trials": args.trials, "seed": args.seed,
+        "bos": task.bos, "new_tokens": new_tokens,
+        "quantization": {"k_group": args.k_group, "v_group": args.v_group, "page_size": args.page_size,
+                         "norm_scope": args.norm_scope},
+        "methods": [{"label": m.label, "method": m.name, "bits": m.bits, "effective_bits": m.effective_bits} for m in methods],
+        "servers": server_info,
+        "accuracy": nd.accuracy_table(trials, methods),
+        "trial_results": [{"length": t.length, "depth": t.depth, "trial": t.trial, "passkey": t.passkey,
+                           "actual_depth": round(t.actual_depth, 4), "outputs": t.outputs, "correct": t.correct}
+                          for t in trials],
+    }
+    print(nd.format_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if args.png:
+        nd.plot(report, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+def _needle_bar(total: int, enabled: bool) -> Any:
+    """The progress bar of `eval needle`: one step per generation (a prompt through one method)."""
+    from .evaluate import _NoBar
+
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="gen", desc="needle", dynamic_ncols=True)
+
+
 def _plan_shape(args: argparse.Namespace) -> tuple[str, str, int, int, int]:
     """(flag, display name, layers, KV heads, head_dim) of --shape or --model."""
     if args.shape:
@@ -477,6 +649,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_eval_ppl(args)
         if args.command == "eval" and args.eval_command == "tni":
             return cmd_eval_tni(args)
+        if args.command == "eval" and args.eval_command == "needle":
+            return cmd_eval_needle(args)
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "model" and args.model_command == "path":

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Passkey retrieval with the server's default prefill (every prompt token reads the pages below its
+# own as codes), INT2 oscar and kivi through OscarCache, 1K and 2K (benches/results/needle.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OMP_NUM_THREADS=1 .venv/bin/oscar-sgl eval needle --lengths 1024 2048 --depths 0.1 0.5 0.9 --trials 1 \
+  --bits 2 --methods oscar kivi --prefill position --threads 1 \
+  --json benches/results/needle_position.json --png benches/results/needle_position.png "$@"
