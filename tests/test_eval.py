@@ -246,8 +246,8 @@ def test_cli_refuses_windows_that_do_not_fit_in_tokens(tmp_path, smollm2):
     _bos_tokenizer(tok).save_pretrained(str(tmp_path))
     text = tmp_path / "pg.txt"
     text.write_text(PG_HEADER + emma + PG_FOOTER, encoding="utf-8")
-    r = _cli("eval", "ppl", "--model", str(tmp_path), "--text", str(text), "--start", str(total - 2047), timeout=120)
-    assert (r.returncode, r.stderr) == (2, f"error: --start {total - 2047} must leave 2047 tokens for --prefix-tokens "
+    r = _cli("eval", "ppl", "--model", str(tmp_path), "--text", str(text), "--start", str(total - 2046), timeout=120)
+    assert (r.returncode, r.stderr) == (2, f"error: --start {total - 2046} must leave 2047 tokens for --prefix-tokens "
                                            f"1024 + --score-tokens 1024 (BOS takes one position of each window): {text} "
                                            f"(Project Gutenberg header and footer stripped: evaluating characters "
                                            f"{len(PG_HEADER)}..{len(PG_HEADER) + len(emma)} of "
