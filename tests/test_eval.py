@@ -301,7 +301,7 @@ def test_model_path_reuses_the_converted_folder(tmp_path, monkeypatch):
 def test_cli_ppl_json_report(tmp_path):
     out = tmp_path / "r.json"
     r = _cli("eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", "--prefix-tokens", "128",
-             "--score-tokens", "64", "--json", str(out), "--no-progress", "--threads", "2")
+             "--score-tokens", "64", "--start", "100", "--json", str(out), "--no-progress", "--threads", "2")
     assert r.returncode == 0, r.stderr
     assert "full precision (float32 KV, 32 bits): PPL" in r.stdout and "oscar" in r.stdout
     rep = json.loads(out.read_text())
@@ -310,7 +310,9 @@ def test_cli_ppl_json_report(tmp_path):
     assert "windows: 1 of prefix 128 + scored 64 tokens (63 of them attend to sealed blocks)" in r.stdout
     # One window: the report says there is no interval instead of printing one.
     assert "intervals: none (one window" in r.stdout and r.stdout.count("(no interval)") == 5
-    assert rep["windows"] == [{"start": 0, "end": 192}] and rep["interval"]["t"] is None
+    assert rep["windows"] == [{"start": 100, "end": 292}] and rep["interval"]["t"] is None
+    assert (rep["window_placement"], rep["windows_overlap"]) == ("start", False)
+    assert "at the --start offsets over the text's" in r.stdout and "starts 100\n" in r.stdout
     assert rep["baseline"]["ppl_ci95"] is None and rep["paired"][0]["lower_delta_ppl"] is None
     assert [(x["method"], x["bits"]) for x in rep["results"]] == [("oscar", 2), ("kivi", 2)]
     for x in rep["results"]:
@@ -329,7 +331,7 @@ def test_cli_ppl_windows_json_schema_and_paired_differences(tmp_path, smollm2):
              "64", "--page-size", "32", "--windows", "2", "--json", str(out), "--no-progress", "--threads", "2")
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
-    assert rep["schema"] == 2 and rep["window_placement"] == "even"
+    assert rep["schema"] == 2 and (rep["window_placement"], rep["windows_overlap"]) == ("even", False)
     assert rep["gutenberg"] == {"header": False, "footer": False, "body_chars": [0, rep["gutenberg"]["text_chars"]],
                                 "text_chars": rep["gutenberg"]["text_chars"]}
     assert rep["bos"]["prepended"] is False and "does not prepend its BOS '<|im_start|>' (id 1)" in rep["bos"]["reason"]

@@ -384,6 +384,9 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         "scored_with_sealed_history": sealed,
         "body_tokens": body_ids.shape[1],
         "window_placement": "start" if args.start is not None else "even",
+        # --start windows may overlap: then they share tokens and the interval, which treats them as
+        # independent, is too narrow.
+        "windows_overlap": any(b - a < n - int(bos.prepended) for a, b in zip(sorted(starts), sorted(starts)[1:])),
         "windows": [{"start": s, "end": s + n - int(bos.prepended)} for s in starts],
         # Full precision keeps the model's own KV dtype: its bits per element are its effective bits.
         "baseline_kv_dtype": str(dtype).removeprefix("torch."),
@@ -411,7 +414,8 @@ def format_table(report: dict[str, Any]) -> str:
              if g["header"] or g["footer"] else "no Project Gutenberg header or footer: the whole text is evaluated")
     bos_line = (f"BOS {bos['token']!r} (id {bos['token_id']}) prepended to every window: {bos['reason']}"
                 if bos["prepended"] else f"no BOS prepended: {bos['reason']}")
-    placement = ("spread evenly, non-overlapping" if report["window_placement"] == "even" else "at the --start offsets")
+    placement = ("spread evenly, non-overlapping" if report["window_placement"] == "even" else "at the --start offsets"
+                 + (" (overlapping: they share tokens, so the intervals are too narrow)" if report["windows_overlap"] else ""))
     interval = report["interval"]
     lines = [
         f"model: {report['model']}",
