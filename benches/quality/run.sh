@@ -3,8 +3,8 @@
 # of 1024 prefix + 512 scored tokens spread evenly over each of three public-domain texts (one model
 # load per command). Means, 95 % Student t intervals and paired differences over the windows:
 # `oscar-sgl eval ppl --windows`. Emma gets the ablation methods (rotation-only, scaling-only) at
-# INT2; the other two texts oscar and kivi at both widths: the whole run took about 90 min on a
-# 2-core box shared with other jobs (a 1024-token pass of the torch reference cache costs ~1 CPU-min).
+# INT2; the other two texts oscar and kivi at both widths, sized to a 2-core box shared with other
+# jobs (the wall times are in quality.md). The four commands are independent.
 # Usage: bash benches/quality/run.sh [EVAL_DATA_DIR]   (default ../shared/eval-data)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,5 +20,7 @@ ppl() {  # ppl TEXT OUTNAME ARGS...
 }
 ppl austen_emma quality_austen_emma_int2 --bits 2 --methods oscar kivi rotation-only scaling-only
 ppl austen_emma quality_austen_emma_int4 --bits 4 --methods oscar kivi
-ppl austen_persuasion quality_austen_persuasion --bits 2 4 --methods oscar kivi
+# One thread here: two OpenMP threads on a box loaded 5x over spend their time waiting for each other
+# (the figures do not depend on the thread count beyond fp32 rounding).
+ppl austen_persuasion quality_austen_persuasion --bits 2 4 --methods oscar kivi --threads 1
 ppl devils_dictionary quality_devils_dictionary --bits 2 4 --methods oscar kivi
