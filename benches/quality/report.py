@@ -28,7 +28,9 @@ SINGLE_WINDOW = {
 #: How the run was sized and how long it took (benches/quality/run.sh).
 RUN_NOTE = ("`run.sh` evaluates all four methods at INT2 and oscar/kivi at INT4 on Emma, oscar and kivi at both "
             "widths on the other two texts: the torch reference cache costs about a CPU-minute per 1024-token pass, "
-            "and the box (2 cores) was shared with other jobs (load 7 to 12). Wall time: RUN_TIMES.")
+            "and the box (2 cores) was shared with other jobs (load 6 to 12). Wall times of this run: Emma INT2 "
+            "25 min and INT4 38 min (2 threads), Persuasion 12.5 min (1 thread), The Devil's Dictionary 38 min "
+            "(2 threads); two OpenMP threads on an oversubscribed box mostly wait for each other.")
 
 
 def shown_paths(paths: list[str]) -> list[str]:
@@ -183,9 +185,11 @@ def main(paths: list[str]) -> None:
     print("| quantity | expected (issue 2) | single window (c3f5a56) | difference |")
     print("|---|---:|---:|---:|")
     fp1, d1 = SINGLE_WINDOW["austen_emma.txt"]
-    print(f"| full precision PPL | {EXPECTED['baseline_ppl']} | {fp1:.2f} | {100 * (fp1 / EXPECTED['baseline_ppl'] - 1):+.1f} % |")
+    print(f"| full precision PPL ({fp_bits:.0f} b) | {EXPECTED['baseline_ppl']} | {fp1:.2f} | "
+          f"{100 * (fp1 / EXPECTED['baseline_ppl'] - 1):+.1f} % |")
     for key in (("kivi", 2), ("oscar", 2), ("oscar", 4)):
-        print(f"| {key[0]} INT{key[1]} ΔPPL | +{EXPECTED[key]} % | {d1[key]:+.2f} % | {d1[key] - EXPECTED[key]:+.2f} pp |")
+        print(f"| {key[0]} INT{key[1]} ΔPPL ({eff[key]:.2f} b) | +{EXPECTED[key]} % | {d1[key]:+.2f} % | "
+              f"{d1[key] - EXPECTED[key]:+.2f} pp |")
     print()
     print("The single-window figures, next to the spread of the windows measured here (min .. max of the "
           "per-window ΔPPL %; the single window was longer, 1024 scored tokens):\n")
