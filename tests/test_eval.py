@@ -467,9 +467,9 @@ def test_confidence_interval_is_the_student_t_interval():
     # t(0.975, df) from the standard tables.
     for df, t in [(1, 12.7062047), (2, 4.30265273), (3, 3.18244631), (7, 2.36462425), (10, 2.22813885), (30, 2.04227246)]:
         assert student_t_quantile(0.975, df) == pytest.approx(t, abs=1e-7)
-    # By hand: mean 2.5, s = sqrt(5/3) = 1.2909944, s / sqrt(4) = 0.6454972, x 3.1824463 = 2.0542291.
+    # By hand: mean 2.5, s = sqrt(5/3) = 1.2909944, s / sqrt(4) = 0.6454972, x 3.1824463 = 2.0542605.
     mean, (lo, hi) = mean_ci([1.0, 2.0, 3.0, 4.0])
-    assert mean == 2.5 and (lo, hi) == (pytest.approx(0.4457709, abs=1e-6), pytest.approx(4.5542291, abs=1e-6))
+    assert mean == 2.5 and (lo, hi) == (pytest.approx(0.4457395, abs=1e-6), pytest.approx(4.5542605, abs=1e-6))
     # Two values 10 and 14: s = 2.8284271, / sqrt(2) = 2, x 12.7062047.
     assert mean_ci([10.0, 14.0])[1] == pytest.approx((12 - 25.4124094, 12 + 25.4124094), abs=1e-6)
     assert mean_ci([3.0]) == (3.0, None)  # one window: no interval
