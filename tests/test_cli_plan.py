@@ -61,7 +61,7 @@ def test_plan_llama_shape():
          "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
          "config.json (no model is fetched from a hub)"),
         (["--model", "default", *LLAMA_80GB],
-         "error: --shape: not allowed with argument --model"),
+         "error: --shape must not be combined with --model: give one or the other"),
     ],
 )
 def test_plan_bad_input_is_one_line(args, line):

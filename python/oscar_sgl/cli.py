@@ -50,8 +50,11 @@ class _Parser(argparse.ArgumentParser):
         flag, what = m.groups()
         choice = re.fullmatch(r"invalid choice: (.*) \(choose from (.*)\)", what, re.S)
         number = re.fullmatch(r"invalid (int|float) value: (.*)", what, re.S)
+        exclusive = re.fullmatch(r"not allowed with argument (\S+)", what)
         if choice:
             usage_error(f"{flag} must be one of {choice[2]}, got {choice[1]}")
+        if exclusive:
+            usage_error(f"{flag} must not be combined with {exclusive[1]}: give one or the other")
         if number:
             usage_error(f"{flag} must be {'an integer' if number[1] == 'int' else 'a number'}, got {number[2]}")
         usage_error(f"{flag} {what}" if what.startswith("must ") else f"{flag}: {what}")
@@ -191,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--score-tokens", type=_positive, default=1024,
                      help="tokens after the prefix whose next-token predictions are scored with the quantized "
                      "cache (default: %(default)s)")
+    where = ppl.add_mutually_exclusive_group()
+    where.add_argument("--windows", type=_positive, default=None, metavar="N",
+                       help="evaluate N non-overlapping windows of --prefix-tokens + --score-tokens tokens spread "
+                       "evenly over the text (the first at its start, the last at its end) and report means with "
+                       "95 %% Student t intervals over them; one window has no interval (default: 1)")
+    where.add_argument("--start", type=_count(0), nargs="+", default=None, metavar="OFFSET",
+                       help="evaluate the windows starting at these token offsets of the text instead")
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_quant_flags(ppl)
@@ -343,33 +353,95 @@ def _token_ids(model: Path, name: str, text: str, n: int, flags: str) -> Any:
         raise CliError(f"--text must hold {flags} tokens: {e}") from None
 
 
+def _window_flags(args: argparse.Namespace) -> str:
+    """The flags that size the evaluated tokens, for error messages."""
+    one = f"--prefix-tokens {args.prefix_tokens} + --score-tokens {args.score_tokens}"
+    if args.start is not None:
+        return f"--start {max(args.start)} + {one}"
+    return one if args.windows in (None, 1) else f"--windows {args.windows} x ({one})"
+
+
+def _check_starts(args: argparse.Namespace) -> None:
+    if args.start is not None and len(set(args.start)) != len(args.start):
+        dup = sorted({x for x in args.start if args.start.count(x) > 1})
+        raise CliError(f"--start must not repeat an offset, got {' '.join(map(str, dup))} more than once: "
+                       "a repeated window would count twice in the interval")
+
+
+def _ppl_windows(model: Path, name: str, text: str, args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
+    """(text body, BOS choice, body token ids `[1, T]`, window starts), all checked before the weights
+    are loaded."""
+    from .evaluate import bos_choice, gutenberg_body, window_starts
+    from .model import load_tokenizer
+
+    try:
+        body = gutenberg_body(text)
+    except ValueError as e:
+        raise CliError(f"--text must hold text to evaluate: {name} {e}") from None
+    n = args.prefix_tokens + args.score_tokens
+    flags = _window_flags(args)
+    where = f"{name} ({body.describe()})" if body.gutenberg_header or body.gutenberg_footer else name
+    count = 1 if args.start is not None else (args.windows or 1)
+    needed = (max(args.start) if args.start is not None else 0) + count * n
+    size = len(body.text.encode("utf-8"))
+    if size < needed - count:  # every token covers at least one byte (and BOS may take one position a window)
+        raise CliError(f"--text must hold {flags} tokens: {where} has {size} bytes, fewer than the {needed} needed")
+    tok = load_tokenizer(str(model))
+    bos = bos_choice(tok)
+    ids = tok(body.text, return_tensors="pt", add_special_tokens=False).input_ids
+    total, per = ids.shape[1], n - int(bos.prepended)
+    bos_note = " (BOS takes one position of each window)" if bos.prepended else ""
+    if args.start is not None:
+        late = [s for s in args.start if s + per > total]
+        if late:
+            raise CliError(f"--start {late[0]} must leave {per} tokens for --prefix-tokens {args.prefix_tokens} + "
+                           f"--score-tokens {args.score_tokens}{bos_note}: {where} has {total} tokens, so the last "
+                           f"start is {total - per}")
+        return body, bos, ids, list(args.start)
+    if count * per > total:
+        if count == 1:
+            raise CliError(f"--text must hold {flags} tokens: {where} has {total} tokens, fewer than the {per} needed")
+        raise CliError(f"--windows {count} needs {count} non-overlapping windows of {per} tokens ({flags}{bos_note}), "
+                       f"{count * per} in all: {where} has {total} tokens, room for {total // per}")
+    return body, bos, ids, window_starts(total, per, count)
+
+
 def cmd_eval_ppl(args: argparse.Namespace) -> int:
     configs = _configs(args)  # validate flags before loading anything heavy
     sealed = _check_scoring_sees_quantization(args, configs[0])
+    _check_starts(args)
     name, text = _text_path(args.text)
     folder = _model_folder(args.model)
-    n = args.prefix_tokens + args.score_tokens
-    ids = _token_ids(folder, name, text, n, f"--prefix-tokens {args.prefix_tokens} + --score-tokens {args.score_tokens}")
+    body, bos, body_ids, starts = _ppl_windows(folder, name, text, args)
     _setup_torch(args.threads)
-    from . import model as models
-    from .evaluate import perplexity
+    import torch
 
+    from . import model as models
+    from .evaluate import perplexity_windows, window_ids, window_report
+
+    n = args.prefix_tokens + args.score_tokens
+    windows = [window_ids(body_ids, s, n, bos) for s in starts]
     lm = models.load_model(str(folder))
-    base, results = perplexity(lm, ids, args.prefix_tokens, configs, progress=not args.no_progress)
+    bases, per_window = perplexity_windows(lm, windows, args.prefix_tokens, configs, progress=not args.no_progress)
+    dtype = next(lm.parameters()).dtype
     report = {
+        "schema": 2,
         "model": args.model if args.model != "default" else f"default ({models.DEFAULT_NAME}, {models.DEFAULT_WHEEL})",
         "text": name,
+        "gutenberg": body.to_dict(),
+        "bos": bos.to_dict(),
         "prefix_tokens": args.prefix_tokens,
         "score_tokens": args.score_tokens,
         "scored_with_sealed_history": sealed,
-        "baseline_ppl": base,
-        "results": [
-            {k: getattr(r, k) for k in ("method", "bits", "ppl", "delta_ppl_pct", "kl", "top1_agreement", "effective_bits")}
-            | {"k_group": r.config["k_group"], "v_group": r.config["v_group"], "page_size": r.config["page_size"],
-               "norm_scope": r.config["norm_scope"]}
-            for r in results
-        ],
-    }
+        "body_tokens": body_ids.shape[1],
+        "window_placement": "start" if args.start is not None else "even",
+        # --start windows may overlap: then they share tokens and the interval, which treats them as
+        # independent, is too narrow.
+        "windows_overlap": any(b - a < n - int(bos.prepended) for a, b in zip(sorted(starts), sorted(starts)[1:])),
+        "windows": [{"start": s, "end": s + n - int(bos.prepended)} for s in starts],
+        # Full precision keeps the model's own KV dtype: its bits per element are its effective bits.
+        "baseline_kv_dtype": str(dtype).removeprefix("torch."),
+    } | window_report(starts, bases, per_window, float(torch.finfo(dtype).bits))
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -377,21 +449,62 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ci(ci: list[float] | None, fmt: str) -> str:
+    return "(no interval)" if ci is None else f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]"
+
+
 def format_table(report: dict[str, Any]) -> str:
-    sealed = report.get("scored_with_sealed_history")
+    """The text report of `eval ppl`: what was evaluated, then per config the means over the windows
+    with their 95 % intervals, per-window ΔPPL, and paired differences of configs of equal bits."""
+    sealed = report["scored_with_sealed_history"]
+    wins = report["windows"]
+    n = len(wins)
+    g, bos, base = report["gutenberg"], report["bos"], report["baseline"]
+    guten = ("Project Gutenberg " + " and ".join(p for p in ("header", "footer") if g[p]) +
+             f" stripped: characters {g['body_chars'][0]}..{g['body_chars'][1]} of {g['text_chars']} evaluated"
+             if g["header"] or g["footer"] else "no Project Gutenberg header or footer: the whole text is evaluated")
+    bos_line = (f"BOS {bos['token']!r} (id {bos['token_id']}) prepended to every window: {bos['reason']}"
+                if bos["prepended"] else f"no BOS prepended: {bos['reason']}")
+    placement = ("spread evenly, non-overlapping" if report["window_placement"] == "even" else "at the --start offsets"
+                 + (" (overlapping: they share tokens, so the intervals are too narrow)" if report["windows_overlap"] else ""))
+    interval = report["interval"]
     lines = [
         f"model: {report['model']}",
-        f"text:  {report['text']}  (prefix {report['prefix_tokens']}, scored {report['score_tokens']} tokens"
-        + (f", {sealed} of them attend to sealed blocks)" if sealed is not None else ")"),
-        f"full precision PPL: {report['baseline_ppl']:.3f}",
+        f"text:  {report['text']}  ({guten})",
+        f"tokens: {bos_line}",
+        f"windows: {n} of prefix {report['prefix_tokens']} + scored {report['score_tokens']} tokens ({sealed} of "
+        f"them attend to sealed blocks), {placement} over the text's {report['body_tokens']} tokens; starts "
+        + " ".join(str(w["start"]) for w in wins),
+        ("intervals: 95 % " + interval["method"] + f", t = {interval['t']:.4f}" if n > 1
+         else "intervals: none (one window: no spread to estimate; use --windows N for a 95 % interval)"),
         "",
-        f"{'method':<14} {'bits':>4} {'eff.bits':>8} {'PPL':>9} {'dPPL %':>8} {'KL':>8} {'top-1':>7}",
+        f"full precision ({report['baseline_kv_dtype']} KV, {base['effective_bits']:.0f} bits): PPL "
+        f"{base['ppl']:.3f} {_ci(base['ppl_ci95'], '.3f')}",
+        "",
+        f"{'method':<14} {'bits':>4} {'eff.bits':>8} {'PPL':>9} {'dPPL %':>8} {'95 % CI':>18} {'KL':>8} "
+        f"{'95 % CI':>18} {'top-1':>7}",
     ]
     for r in report["results"]:
         lines.append(
             f"{r['method']:<14} {r['bits']:>4} {r['effective_bits']:>8.3f} {r['ppl']:>9.3f} "
-            f"{r['delta_ppl_pct']:>+8.2f} {r['kl']:>8.4f} {r['top1_agreement']:>7.3f}"
+            f"{r['delta_ppl_pct']:>+8.2f} {_ci(r['delta_ppl_pct_ci95'], '+.2f'):>18} {r['kl']:>8.4f} "
+            f"{_ci(r['kl_ci95'], '.4f'):>18} {r['top1_agreement']:>7.3f}"
         )
+    if n > 1:
+        lines += ["", "per window: full-precision PPL, then dPPL % per method (bits)",
+                  f"{'start':>8} {'FP PPL':>8} " + " ".join(f"{r['method'][:10] + str(r['bits']):>11}" for r in report["results"])]
+        for i, w in enumerate(wins):
+            lines.append(f"{w['start']:>8} {base['per_window'][i]['ppl']:>8.3f} "
+                         + " ".join(f"{r['per_window'][i]['delta_ppl_pct']:>+11.2f}" for r in report["results"]))
+        same = [p for p in report["paired"] if p["a"]["bits"] == p["b"]["bits"]]
+        if same:
+            lines += ["", "paired over the same windows: mean of per-window dPPL(A) - dPPL(B) in points, 95 % CI"]
+            for p in same:
+                a, b = p["a"], p["b"]
+                who = {"a": f"{a['method']} lower", "b": f"{b['method']} lower"}.get(p["lower_delta_ppl"], "not resolved")
+                lines.append(f"  INT{a['bits']} {a['method']} ({a['effective_bits']:.3f} b) - {b['method']} "
+                             f"({b['effective_bits']:.3f} b): {p['delta_ppl_pct_diff']:+.2f} "
+                             f"{_ci(p['delta_ppl_pct_diff_ci95'], '+.2f')}  {who}")
     return "\n".join(lines)
 
 
