@@ -26,11 +26,11 @@ def test_chunked_scoring_equals_token_by_token_decoding(smollm2, emma_ids, page_
     prefix, end = 40, 40 + 48
     ids = emma_ids[:, :end]
     with torch.inference_mode():
-        chunked = OscarCache(model.config, cfg)
+        chunked = OscarCache(model, cfg)
         model(ids[:, :prefix], past_key_values=chunked)
         chunked.flush()
         got = torch.cat([model(ids[:, a:b], past_key_values=chunked).logits[0] for a, b in chunk_bounds(prefix, end, cfg)])
-        stepwise = OscarCache(model.config, cfg)
+        stepwise = OscarCache(model, cfg)
         model(ids[:, :prefix], past_key_values=stepwise)
         stepwise.flush()
         want = torch.cat([model(ids[:, i : i + 1], past_key_values=stepwise).logits[0] for i in range(prefix, end)])
@@ -48,7 +48,7 @@ def test_chunked_scoring_equals_token_by_token_decoding(smollm2, emma_ids, page_
         assert (got - full).abs().max().item() > 0.1
         # The bounds can fail: one chunk across a flush point (tokens seeing their block exact where
         # token-by-token decoding sees it sealed) breaks them.
-        wrong = OscarCache(model.config, cfg)
+        wrong = OscarCache(model, cfg)
         model(ids[:, :prefix], past_key_values=wrong)
         wrong.flush()
         misaligned = model(ids[:, prefix:end], past_key_values=wrong).logits[0]

@@ -69,16 +69,16 @@ def tokenize(tok: Any, text: str, n: int, source: str = "text") -> torch.Tensor:
 def _prefill(model: Any, ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    # No config: every layer keeps all its tokens (sliding layers too; the model's mask still applies
+    # the window), so the prefix can be copied into any cache.
+    cache = DynamicCache()
     out = model(ids, past_key_values=cache, use_cache=True)
     return cache, out.logits[:, -1:].float()
 
 
 def _copy_prefix(exact: Any, cache: OscarCache) -> None:
     """Put the exact prefix KV into an OscarCache and seal its whole blocks."""
-    for layer_src, layer_dst in zip(exact.layers, cache.oscar_layers):
-        layer_dst.update(layer_src.keys, layer_src.values)
-    cache.flush()
+    cache.load_exact(exact)
 
 
 def _score(model: Any, ids: torch.Tensor, prefix: int, cache: Any, cfg: OscarConfig | None,
@@ -127,7 +127,7 @@ def perplexity(
         base_top1 = base_lp.argmax(dim=-1)
         results = []
         for cfg in configs:
-            cache = OscarCache(model.config, cfg)
+            cache = OscarCache(model, cfg)
             _copy_prefix(exact, cache)
             lp = _score(model, ids, prefix, cache, cfg, first, bar.update)
             nll = -lp.gather(1, targets[:, None]).mean().item()
@@ -136,7 +136,7 @@ def perplexity(
             top1 = (lp.argmax(dim=-1) == base_top1).float().mean().item()
             results.append(PplResult(
                 method=cfg.method, bits=cfg.bits, ppl=ppl, delta_ppl_pct=100.0 * (ppl / base_ppl - 1.0),
-                kl=kl, top1_agreement=top1, effective_bits=cfg.effective_bits(heads, head_dim),
+                kl=kl, top1_agreement=top1, effective_bits=cache.effective_bits(ids.shape[1]),
                 config=cfg.to_dict(),
             ))
     bar.close()
