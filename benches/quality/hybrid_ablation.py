@@ -32,12 +32,12 @@ EVAL_DATA = Path("/work/shared/eval-data")
 CONFIGS: dict[str, dict[str, object]] = {
     "kivi-2": dict(bits=2, rotation=False, token_scaling=False),
     "scaling-only-2": dict(bits=2, rotation=False, token_scaling=True),
-    "rotation-only-2 (all heads)": dict(bits=2, rotation=True, token_scaling=False, key_rotation="all"),
-    "oscar-2 (all heads, paper)": dict(bits=2, rotation=True, token_scaling=True, key_rotation="all"),
-    "oscar-2 (key rotation by weights)": dict(bits=2, rotation=True, token_scaling=True, key_rotation="weights"),
-    "oscar-2 (weights, sliding bf16)": dict(bits=2, rotation=True, token_scaling=True, key_rotation="weights",
+    "rotation-only-2 all-heads": dict(bits=2, rotation=True, token_scaling=False, key_rotation="all"),
+    "oscar-2 all-heads (paper)": dict(bits=2, rotation=True, token_scaling=True, key_rotation="all"),
+    "oscar-2 by-weights": dict(bits=2, rotation=True, token_scaling=True, key_rotation="weights"),
+    "oscar-2 by-weights sliding-bf16": dict(bits=2, rotation=True, token_scaling=True, key_rotation="weights",
                                             sliding_layers="bf16"),
-    "oscar-4 (weights)": dict(bits=4, rotation=True, token_scaling=True, key_rotation="weights"),
+    "oscar-4 by-weights": dict(bits=4, rotation=True, token_scaling=True, key_rotation="weights"),
     "kivi-4": dict(bits=4, rotation=False, token_scaling=False),
 }
 
@@ -93,6 +93,15 @@ def main() -> int:
             per[c].append(r)
         print(f"window {i} (token {starts[i]}): base {b:.3f} " + " ".join(f"[{c}] {r.delta_ppl_pct:+.2f}%" for c, r in zip(names, results)),
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+        report = _report(args, names, per, base, bos, starts, plan, rho, t0)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")  # after every window: a cut run keeps its windows
+    for r in report["rows"]:
+        print(f"  {r['config']:<36} eff.bits {r['effective_bits']:6.3f}  dPPL {r['delta_ppl_pct_mean']:+7.2f} % "
+              f"± {r['delta_ppl_pct_ci95']:.2f}  KL {r['kl_mean']:.4f} ± {r['kl_ci95']:.4f}")
+    return 0
+
+
+def _report(args, names, per, base, bos, starts, plan, rho, t0) -> dict:
     rows = []
     for c in names:
         d = [r.delta_ppl_pct for r in per[c]]
@@ -105,19 +114,13 @@ def main() -> int:
                      "kl_mean": statistics.mean(k), "kl_ci95": ci(k),
                      "top1_mean": statistics.mean(r.top1_agreement for r in per[c]),
                      "delta_ppl_pct_per_window": d})
-    report = {
+    return {
         "model": args.model, "text": args.text, "bos": bos, "prefix_tokens": args.prefix, "score_tokens": args.score,
-        "window_starts_tokens": starts, "baseline_ppl_per_window": base,
+        "windows_done": len(base), "window_starts_tokens": starts[:len(base)], "baseline_ppl_per_window": base,
         "key_rotation_plan": [list(p) for p in plan], "qk_channel_alignment": rho,
         "command": " ".join(["python", "benches/quality/hybrid_ablation.py", *sys.argv[1:]]),
         "seconds": time.monotonic() - t0, "rows": rows,
     }
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{args.model} {args.text} ({len(wins)} windows, bos={bos}) base PPL mean {statistics.mean(base):.3f}")
-    for r in rows:
-        print(f"  {r['config']:<36} eff.bits {r['effective_bits']:6.3f}  dPPL {r['delta_ppl_pct_mean']:+7.2f} % "
-              f"± {r['delta_ppl_pct_ci95']:.2f}  KL {r['kl_mean']:.4f} ± {r['kl_ci95']:.4f}")
-    return 0
 
 
 if __name__ == "__main__":

