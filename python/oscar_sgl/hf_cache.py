@@ -52,6 +52,7 @@ class OscarLayer(CacheLayerMixin):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.key_rotated = None if key_rotated is None else tuple(bool(x) for x in key_rotated)
+        self.scales_tokens = ref.scales_tokens(cfg, self.key_rotated)
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
         self.dropped_tokens = 0  # sealed tokens of a sliding layer no future token can see: freed
@@ -134,7 +135,7 @@ class OscarLayer(CacheLayerMixin):
         for a in range(0, n_k, step_k):
             for b in range(self.k_tail.shape[0]):
                 k_rot = ref.rotate_keys(self.k_tail[b, :, a:a + step_k], self.cfg, self.key_rotated)
-                s = ref.token_scales(k_rot, self.cfg.norm_scope) if self.cfg.token_scaling else None
+                s = ref.token_scales(k_rot, self.cfg.norm_scope) if self.scales_tokens else None
                 blk = ref.pack_k(k_rot, s, self.cfg)
                 blk.key_rotated = self.key_rotated
                 self.k_blocks[b].append(blk)

@@ -266,13 +266,23 @@ def rotate_keys(x: torch.Tensor, cfg: OscarConfig, key_rotated: tuple[bool, ...]
     return torch.where(m, hadamard(x), x.to(torch.float32))
 
 
+def scales_tokens(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None) -> bool:
+    """Whether a layer's keys are divided by their token scale s_t: `cfg.token_scaling`, except in
+    a layer where the key-rotation rule left every head unrotated (`key_rotation_plan`): those keys
+    are stored as KIVI stores them. Such heads carry large near-constant channels, and dividing by s_t
+    would turn them into per-token variation (docs/OSCAR.md §7)."""
+    if not cfg.token_scaling:
+        return False
+    return not (cfg.rotation and key_rotated is not None and not any(key_rotated))
+
+
 def seal(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig,
          key_rotated: tuple[bool, ...] | None = None) -> tuple[KBlock, VBlock]:
     """Rotate, scale, quantize and pack one block of post-RoPE keys and values `[H, n, D]`
-    (keys rotated per `key_rotated`, see `rotate_keys`)."""
+    (keys rotated per `key_rotated`, see `rotate_keys`; token scales per `scales_tokens`)."""
     cfg.check_shape(k.shape[0], k.shape[2])
     k_rot = rotate_keys(k, cfg, key_rotated)
-    s = token_scales(k_rot, cfg.norm_scope) if cfg.token_scaling else None
+    s = token_scales(k_rot, cfg.norm_scope) if scales_tokens(cfg, key_rotated) else None
     kb = pack_k(k_rot, s, cfg)
     kb.key_rotated = None if key_rotated is None else _key_mask(cfg, key_rotated, k.shape[0])
     return kb, pack_v(rotate(v, cfg), cfg)
@@ -485,7 +495,8 @@ def key_rotation_plan(model: torch.nn.Module, cfg: OscarConfig) -> list[tuple[bo
     """Per layer, one flag per KV head: whether `cfg` rotates that head's keys.
 
     `cfg.rotation` off: no head. `cfg.key_rotation == "all"`: every head. `"weights"`: the heads
-    whose `qk_channel_alignment` is at least `KEY_ROTATION_MIN_ALIGNMENT`. A function of the weights
+    whose `qk_channel_alignment` is at least `KEY_ROTATION_MIN_ALIGNMENT` (a layer with no such
+    head also skips token scaling, `scales_tokens`). A function of the weights
     only: every request, token and prefix gets the same choice (the packed bytes of a shared prefix
     do not depend on the request), and decode pays nothing for it (the query of an unrotated head is
     simply not rotated). Values are rotated in every head when `cfg.rotation` is on.
