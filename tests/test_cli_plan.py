@@ -56,7 +56,7 @@ def test_plan_llama_shape():
         (["--shape", "32,8,128", "--gpu-mem-gb", "80", "--norm-scope", "rank"],
          "error: --norm-scope must be one of 'layer', 'head', got 'rank'"),
         (["--model", "/nonexistent-model", "--gpu-mem-gb", "80"],
-         "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
+         "error: --model must be a local Hugging Face model folder, 'default' or 'gemma-3-270m': /nonexistent-model has no "
          "config.json (no model is fetched from a hub)"),
         (["--model", "default", "--shape", "32,8,128", "--gpu-mem-gb", "80"],
          "error: --shape: not allowed with argument --model"),

@@ -161,7 +161,7 @@ BAD_FILES = {
         (["eval", "tni", "--text", "{ten-words.txt}"],
          "error: --text must hold --tokens 1024 tokens: {ten-words.txt} has 52 bytes, fewer than the 1024 needed"),
         (["eval", "ppl", "--model", "/nonexistent-model"],
-         "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
+         "error: --model must be a local Hugging Face model folder, 'default' or 'gemma-3-270m': /nonexistent-model has no "
          "config.json (no model is fetched from a hub)"),
     ],
 )

@@ -158,15 +158,17 @@ def test_rule_on_gemma_turns_rotation_off_where_it_hurts():
     assert [i for i, p in enumerate(plan) if not p[0]] == [5, 11, 15, 17]
 
 
-def test_layer_without_rotated_keys_stores_kivi_keys():
-    """Where the rule leaves every head of a layer unrotated, its keys get no token scale either
-    (the layer's keys are stored as KIVI stores them); a layer with one rotated head keeps it."""
+def test_layer_without_rotated_keys_stores_kivi_keys_and_values():
+    """Where the rule leaves every head of a layer unrotated, the layer is stored as KIVI stores it
+    (no token scale, values unrotated too); a layer with one rotated head keeps both."""
     g = torch.Generator().manual_seed(4)
     k, v = torch.randn(2, 32, 64, generator=g), torch.randn(2, 32, 64, generator=g)
     cfg = OscarConfig(bits=2, page_size=32)
-    kb, _ = ref.seal(k, v, cfg, key_rotated=(False, False))
-    kivi, _ = ref.seal(k, v, cfg.replace(rotation=False, token_scaling=False))
+    kb, vb = ref.seal(k, v, cfg, key_rotated=(False, False))
+    kivi, kivi_v = ref.seal(k, v, cfg.replace(rotation=False, token_scaling=False))
     assert kb.scale is None and torch.equal(kb.codes, kivi.codes) and torch.equal(kb.params, kivi.params)
+    assert not vb.rotated and torch.equal(vb.codes, kivi_v.codes)
+    assert torch.equal(ref.restore_v(vb, cfg, 64), ref.restore_v(kivi_v, cfg.replace(rotation=False), 64))
     mixed, _ = ref.seal(k, v, cfg, key_rotated=(True, False))
     assert mixed.scale is not None
     assert ref.scales_tokens(cfg.replace(rotation=False), None) and not ref.scales_tokens(cfg.replace(token_scaling=False))

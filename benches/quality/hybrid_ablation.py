@@ -24,6 +24,7 @@ import torch
 from oscar_sgl import model as models
 from oscar_sgl.config import OscarConfig
 from oscar_sgl.evaluate import perplexity
+from oscar_sgl import reference as ref
 from oscar_sgl.reference import key_rotation_plan, qk_channel_alignment
 
 EVAL_DATA = Path("/work/shared/eval-data")
@@ -70,9 +71,13 @@ def main() -> int:
     ap.add_argument("--score", type=int, default=1024)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated row names")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--min-alignment", type=float, default=None,
+                    help="override reference.KEY_ROTATION_MIN_ALIGNMENT (the rule's threshold on rho)")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.min_alignment is not None:
+        ref.KEY_ROTATION_MIN_ALIGNMENT = args.min_alignment
     names = [c for c in args.configs.split(",") if c]
     lm, tok = models.load(args.model)
     hybrid = "sliding_attention" in (getattr(lm.config, "layer_types", None) or [])
@@ -118,6 +123,7 @@ def _report(args, names, per, base, bos, starts, plan, rho, t0) -> dict:
         "model": args.model, "text": args.text, "bos": bos, "prefix_tokens": args.prefix, "score_tokens": args.score,
         "windows_done": len(base), "window_starts_tokens": starts[:len(base)], "baseline_ppl_per_window": base,
         "key_rotation_plan": [list(p) for p in plan], "qk_channel_alignment": rho,
+        "key_rotation_min_alignment": ref.KEY_ROTATION_MIN_ALIGNMENT,
         "command": " ".join(["python", "benches/quality/hybrid_ablation.py", *sys.argv[1:]]),
         "seconds": time.monotonic() - t0, "rows": rows,
     }

@@ -79,13 +79,18 @@ def main() -> int:
     ap.add_argument("--text", type=Path, default=Path("/work/shared/eval-data/austen_emma.txt"))
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--min-alignment", type=float, default=None,
+                    help="override reference.KEY_ROTATION_MIN_ALIGNMENT (the rule's threshold on rho)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.min_alignment is not None:
+        ref.KEY_ROTATION_MIN_ALIGNMENT = args.min_alignment
     model, tok = models.load(args.model)
     ids = tok(args.text.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, : args.tokens]
     rec = _record(model, ids)
     rho = ref.qk_channel_alignment(model)
-    plan = ref.key_rotation_plan(model, OscarConfig())
+    cfg = OscarConfig()
+    plan = ref.key_rotation_plan(model, cfg)
     print(f"model {args.model}, {args.text.name}, first {ids.shape[1]} tokens (BOS: {ids[0, 0].item() == tok.bos_token_id}); "
           f"INT2, k_group = v_group = {G}; rule: rotate keys where rho >= {ref.KEY_ROTATION_MIN_ALIGNMENT}")
     print(f"{'layer':>5} {'head':>4} {'window':>6} {'rho':>6} {'rotate':>6} | {'qw-err rot/raw':>14} {'mse rot/raw':>11} | "
@@ -113,7 +118,8 @@ def main() -> int:
 
             e_kivi = err(_qdq_k(kk, False, False), _qdq_v(vv, False))
             e_all = err(_qdq_k(kk, True, True), _qdq_v(vv, True))
-            e_rule = err(_qdq_k(kk, plan[layer][i], True), _qdq_v(vv, True))
+            e_rule = err(_qdq_k(kk, plan[layer][i], ref.scales_tokens(cfg, plan[layer])),
+                         _qdq_v(vv, ref.rotates_values(cfg, plan[layer])))
             pts.append((rho[layer][i], a_rot / a_raw))
             print(f"{layer:>5} {i:>4} {str(window or '-'):>6} {rho[layer][i]:>6.3f} {str(plan[layer][i]):>6} | "
                   f"{a_rot / a_raw:>14.3f} {m_rot / m_raw:>11.3f} | {e_kivi:>12.3f} {e_all:>9.3f} {e_rule:>10.3f}")

@@ -53,6 +53,7 @@ class OscarLayer(CacheLayerMixin):
         self.head_dim = head_dim
         self.key_rotated = None if key_rotated is None else tuple(bool(x) for x in key_rotated)
         self.scales_tokens = ref.scales_tokens(cfg, self.key_rotated)
+        self.rotates_values = ref.rotates_values(cfg, self.key_rotated)
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
         self.dropped_tokens = 0  # sealed tokens of a sliding layer no future token can see: freed
@@ -146,7 +147,10 @@ class OscarLayer(CacheLayerMixin):
         step_v = page if self.sliding_window is not None else max(n_v, 1)
         for a in range(0, n_v, step_v):
             for b in range(self.v_tail.shape[0]):
-                self.v_blocks[b].append(ref.pack_v(ref.rotate(self.v_tail[b, :, a:a + step_v], self.cfg), self.cfg))
+                v = self.v_tail[b, :, a:a + step_v]
+                blk_v = ref.pack_v(ref.hadamard(v) if self.rotates_values else v.to(torch.float32), self.cfg)
+                blk_v.rotated = self.rotates_values or not self.cfg.rotation
+                self.v_blocks[b].append(blk_v)
         if n_v:
             self.v_tail = self.v_tail[:, :, n_v:].contiguous()
             self.sealed_v_tokens += n_v

@@ -168,6 +168,8 @@ class VBlock:
 
     codes: torch.Tensor  # uint8 [H, n, D*b/8]
     params: torch.Tensor  # fp16 [H, n, 2, D/G_V]
+    #: False when the values were stored unrotated although `cfg.rotation` is on (`rotates_values`).
+    rotated: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -266,14 +268,22 @@ def rotate_keys(x: torch.Tensor, cfg: OscarConfig, key_rotated: tuple[bool, ...]
     return torch.where(m, hadamard(x), x.to(torch.float32))
 
 
+def _kivi_layer(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None) -> bool:
+    return cfg.rotation and key_rotated is not None and not any(key_rotated)
+
+
 def scales_tokens(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None) -> bool:
     """Whether a layer's keys are divided by their token scale s_t: `cfg.token_scaling`, except in
-    a layer where the key-rotation rule left every head unrotated (`key_rotation_plan`): those keys
-    are stored as KIVI stores them. Such heads carry large near-constant channels, and dividing by s_t
+    a layer where the key-rotation rule left every head unrotated (`key_rotation_plan`): that layer
+    is stored as KIVI stores it. Such heads carry large near-constant channels, and dividing by s_t
     would turn them into per-token variation (docs/OSCAR.md §7)."""
-    if not cfg.token_scaling:
-        return False
-    return not (cfg.rotation and key_rotated is not None and not any(key_rotated))
+    return cfg.token_scaling and not _kivi_layer(cfg, key_rotated)
+
+
+def rotates_values(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None) -> bool:
+    """Whether a layer's values are rotated: `cfg.rotation`, except in a layer the key-rotation
+    rule stores as KIVI (no head's keys rotated)."""
+    return cfg.rotation and not _kivi_layer(cfg, key_rotated)
 
 
 def seal(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig,
@@ -285,7 +295,10 @@ def seal(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig,
     s = token_scales(k_rot, cfg.norm_scope) if scales_tokens(cfg, key_rotated) else None
     kb = pack_k(k_rot, s, cfg)
     kb.key_rotated = None if key_rotated is None else _key_mask(cfg, key_rotated, k.shape[0])
-    return kb, pack_v(rotate(v, cfg), cfg)
+    v_rot = rotates_values(cfg, key_rotated)
+    vb = pack_v(hadamard(v) if v_rot else v.to(torch.float32), cfg)
+    vb.rotated = v_rot or not cfg.rotation
+    return kb, vb
 
 
 def restore_k(block: KBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
@@ -302,7 +315,7 @@ def restore_k(block: KBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
 def restore_v(block: VBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
     """Values as the model sees them `[H, n, D]` fp32: dequantized, un-rotated."""
     v = unpack_v(block, cfg, head_dim)
-    return hadamard(v) if cfg.rotation else v
+    return hadamard(v) if cfg.rotation and block.rotated else v
 
 
 def quantize_dequantize(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig,
@@ -398,6 +411,7 @@ def extend_attention(
     if any(kb.key_rotated != key_rotated for kb in k_blocks):
         raise ValueError("the sealed key blocks disagree on which heads' keys are rotated")
     q_rot = rotate_keys(q.reshape(t, h, hq // h, d), cfg, key_rotated, head_axis=1)
+    v_rot = rotates_values(cfg, key_rotated)
     logits, values = [], []
     for kb, vb in zip(k_blocks, v_blocks, strict=True):
         lg = torch.einsum("thgd,hnd->hgtn", q_rot, unpack_k(kb, cfg, d))
@@ -406,7 +420,7 @@ def extend_attention(
         logits.append(lg)
         values.append(unpack_v(vb, cfg, d))
     logits.append(torch.einsum("thgd,hnd->hgtn", q_rot, rotate_keys(k_exact, cfg, key_rotated)))
-    values.append(rotate(v_exact, cfg))
+    values.append(hadamard(v_exact) if v_rot else v_exact.to(torch.float32))
     x = torch.arange(length - t, length, device=q.device)[:, None]  # [t, 1] query positions
     sealed_pos = torch.arange(n_s, device=q.device)[None, :]
     exact_pos = torch.arange(e, length, device=q.device)[None, :]
@@ -415,7 +429,7 @@ def extend_attention(
     lg = (torch.cat(logits, dim=3) * sm_scale).masked_fill(~visible, float("-inf"))
     p = torch.softmax(lg, dim=-1)
     out = torch.einsum("hgtn,hnd->thgd", p, torch.cat(values, dim=1)).reshape(t, hq, d)
-    return rotate(out, cfg)
+    return hadamard(out) if v_rot else out
 
 
 # --------------------------------------------------------------------------------------------
