@@ -51,7 +51,8 @@ class OscarConfig:
             the model's weights (`oscar_sgl.reference.key_rotation_plan`): keys are left unrotated
             where the channels that carry the keys' energy are not the ones the queries read
             (rotation would spread the large error of those channels onto the channels the
-            queries use; gemma-3's full-attention layers). Needs the model's weights
+            queries use; gemma-3's full-attention layers); a layer with no rotated head is stored
+            as KIVI (no token scale, values unrotated). Needs the model's weights
             (`OscarCache(model, cfg)`); the SGLang server runs "all" (docs/OSCAR.md §7).
         sliding_layers: what a hybrid model's sliding-window layers store (full-attention layers
             are always quantized): "quantized" (the same format; pages that leave the window are

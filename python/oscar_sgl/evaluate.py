@@ -170,7 +170,7 @@ def collect_keys(model: Any, ids: torch.Tensor) -> list[torch.Tensor]:
     """Post-RoPE keys `[H, T, D]` fp32 of every layer for one sequence, as the cache receives them."""
     from transformers import DynamicCache
 
-    cache: Any = DynamicCache(config=model.config)
+    cache: Any = DynamicCache()  # no config: sliding layers keep every token too
     with torch.inference_mode():
         model(ids, past_key_values=cache, use_cache=True)
     return [layer.keys[0].float() for layer in cache.layers]
