@@ -58,7 +58,7 @@ def test_plan_llama_shape():
         ([*LLAMA_80GB, "--norm-scope", "rank"],
          "error: --norm-scope must be one of 'layer', 'head', got 'rank'"),
         (["--model", "/nonexistent-model", "--gpu-mem-gb", "80"],
-         "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
+         "error: --model must be a local Hugging Face model folder, 'default' or 'gemma-3-270m': /nonexistent-model has no "
          "config.json (no model is fetched from a hub)"),
         (["--model", "default", *LLAMA_80GB],
          "error: --shape must not be combined with --model: give one or the other"),

@@ -29,11 +29,11 @@ def test_chunked_scoring_equals_token_by_token_decoding(smollm2, emma_ids, page_
     prefix, end = 40, 40 + 48
     ids = emma_ids[:, :end]
     with torch.inference_mode():
-        chunked = OscarCache(model.config, cfg)
+        chunked = OscarCache(model, cfg)
         model(ids[:, :prefix], past_key_values=chunked)
         chunked.flush()
         got = torch.cat([model(ids[:, a:b], past_key_values=chunked).logits[0] for a, b in chunk_bounds(prefix, end, cfg)])
-        stepwise = OscarCache(model.config, cfg)
+        stepwise = OscarCache(model, cfg)
         model(ids[:, :prefix], past_key_values=stepwise)
         stepwise.flush()
         want = torch.cat([model(ids[:, i : i + 1], past_key_values=stepwise).logits[0] for i in range(prefix, end)])
@@ -51,7 +51,7 @@ def test_chunked_scoring_equals_token_by_token_decoding(smollm2, emma_ids, page_
         assert (got - full).abs().max().item() > 0.1
         # The bounds can fail: one chunk across a flush point (tokens seeing their block exact where
         # token-by-token decoding sees it sealed) breaks them.
-        wrong = OscarCache(model.config, cfg)
+        wrong = OscarCache(model, cfg)
         model(ids[:, :prefix], past_key_values=wrong)
         wrong.flush()
         misaligned = model(ids[:, prefix:end], past_key_values=wrong).logits[0]
@@ -181,7 +181,7 @@ BAD_FILES = {
          "error: --text must hold text to evaluate: {pg-only.txt} has nothing between its Project Gutenberg header and "
          "footer (Project Gutenberg header and footer stripped: evaluating characters 50..51 of 99)"),
         (["eval", "ppl", "--model", "/nonexistent-model"],
-         "error: --model must be a local Hugging Face model folder or 'default': /nonexistent-model has no "
+         "error: --model must be a local Hugging Face model folder, 'default' or 'gemma-3-270m': /nonexistent-model has no "
          "config.json (no model is fetched from a hub)"),
     ],
 )

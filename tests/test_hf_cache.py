@@ -11,7 +11,7 @@ from oscar_sgl import reference as ref
 def test_generates_and_reports_true_memory(smollm2, emma_ids):
     model, tok = smollm2
     cfg = OscarConfig(bits=2)
-    cache = OscarCache(model.config, cfg)
+    cache = OscarCache(model, cfg)
     prompt = emma_ids[:, :300]
     with torch.inference_mode():
         out = model.generate(prompt, past_key_values=cache, max_new_tokens=12, do_sample=False)
@@ -33,7 +33,7 @@ def test_generates_and_reports_true_memory(smollm2, emma_ids):
 
 def test_each_token_quantized_exactly_once(smollm2, emma_ids):
     model, _ = smollm2
-    cache = OscarCache(model.config, OscarConfig(bits=2, page_size=32))
+    cache = OscarCache(model, OscarConfig(bits=2, page_size=32))
     layer = cache.layers[0]
     with torch.inference_mode():
         model(emma_ids[:, :40], past_key_values=cache)
@@ -55,7 +55,7 @@ def test_sealed_blocks_hold_the_reference_bytes(smollm2, emma_ids):
     model, _ = smollm2
     cfg = OscarConfig(bits=4)
     exact = DynamicCache(config=model.config)
-    cache = OscarCache(model.config, cfg)
+    cache = OscarCache(model, cfg)
     with torch.inference_mode():
         model(emma_ids[:, :128], past_key_values=exact)
         model(emma_ids[:, :128], past_key_values=cache)
@@ -72,7 +72,7 @@ def test_int4_close_to_full_precision_logits(smollm2, emma_ids):
     ids = emma_ids[:, :256]
     with torch.inference_mode():
         full = model(ids).logits[0, -1]
-        cache = OscarCache(model.config, OscarConfig(bits=4))
+        cache = OscarCache(model, OscarConfig(bits=4))
         model(ids[:, :128], past_key_values=cache)
         cache.flush()
         q = model(ids[:, 128:], past_key_values=cache).logits[0, -1]
@@ -90,7 +90,7 @@ def test_rejects_unsupported_model_shape_at_construction(smollm2):
 def test_batch_of_two_sequences(smollm2, emma_ids):
     model, _ = smollm2
     ids = torch.cat([emma_ids[:, :64], emma_ids[:, 500:564]])
-    cache = OscarCache(model.config, OscarConfig(bits=4, page_size=32))
+    cache = OscarCache(model, OscarConfig(bits=4, page_size=32))
     with torch.inference_mode():
         out = model(ids, past_key_values=cache).logits
         ref_out = model(ids).logits

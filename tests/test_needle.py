@@ -92,7 +92,7 @@ def test_kept_restore_cache_attends_to_what_oscar_cache_restores(smollm2, emma_i
     model = smollm2[0]
     cfg = OscarConfig(bits=2, k_group=32, v_group=32, page_size=32)
     ids = emma_ids[:, :110]
-    a, b = OscarCache(model.config, cfg), nd._kept_restore_cache(model.config, cfg)
+    a, b = OscarCache(model, cfg), nd._kept_restore_cache(model, cfg)
     with torch.inference_mode():  # a chunk over one page boundary, one over two, then decode steps
         for lo, hi in ((0, 40), (40, 100), *((i, i + 1) for i in range(100, 110))):
             la = model(ids[:, lo:hi], past_key_values=a, use_cache=True).logits

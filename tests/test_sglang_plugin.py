@@ -68,7 +68,7 @@ def test_oscar_flags_parse_and_reach_workers(parse):
                "--oscar-norm-scope", "head")
     assert sa.attention_backend == "oscar"
     assert sa.page_size == 64
-    want = OscarConfig(bits=4, k_group=16, page_size=64, norm_scope="head").to_dict()
+    want = OscarConfig(bits=4, k_group=16, page_size=64, norm_scope="head", key_rotation="all").to_dict()  # the server rotates every head
     assert getattr(sa, SERVER_ARGS_ATTR) == want
     # Worker processes get the record through pickle (ServerArgs.__reduce__).
     clone = pickle.loads(pickle.dumps(sa))
@@ -93,7 +93,7 @@ def test_oscar_prefill_flag_defaults_to_position_and_reaches_workers(parse):
 
 def test_ablation_flags_reach_the_config(parse):
     sa = parse("--kv-cache", "oscar", "--oscar-no-rotation", "--oscar-no-token-scaling")
-    assert plugin.oscar_config_of(sa) == OscarConfig(rotation=False, token_scaling=False)
+    assert plugin.oscar_config_of(sa) == OscarConfig(rotation=False, token_scaling=False, key_rotation="all")
     assert plugin.oscar_config_of(sa).method == "kivi"
 
 

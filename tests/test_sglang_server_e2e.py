@@ -79,7 +79,7 @@ def _oscar_reference_ids(model, tok, prompt, cfg):
     from oscar_sgl.evaluate import position_logits
 
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
-    cache = OscarCache(model.config, cfg)
+    cache = OscarCache(model, cfg.replace(key_rotation="all"))  # what the server stores
     out = [int(position_logits(model, ids, cache)[-1].argmax())]
     with torch.inference_mode():  # greedy decoding, one token per step (each sees its own page exactly)
         while len(out) < MAX_TOKENS:

@@ -33,9 +33,16 @@ def test_the_table_names_every_check():
         assert f"`{name}`" in doc, name
 
 
-def test_quality_tool_refuses_hybrid_and_mla_models():
-    msg = _refusal(supported.check_quality_model, OscarConfig(), transformers.Gemma3TextConfig())
-    assert msg.startswith("the model's layers must all be full attention, got ['full_attention', 'sliding_attention']")
+def test_quality_tool_takes_sliding_layers_refuses_linear_and_mla():
+    gemma = transformers.Gemma3TextConfig()  # 5 sliding layers per full one: stored, not refused
+    assert supported.check_quality_model(OscarConfig(), gemma) == (26, 4, 256)
+    hybrid_linear = transformers.Gemma3TextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    msg = _refusal(supported.check_quality_model, OscarConfig(), hybrid_linear)
+    assert msg.startswith("the model's layers must be full or sliding-window attention, got ['linear_attention']")
+    no_window = transformers.Gemma3TextConfig(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    no_window.sliding_window = None
+    msg = _refusal(supported.check_quality_model, OscarConfig(), no_window)
+    assert msg == "the model's sliding_window must be a positive int with sliding layers, got None"
     msg = _refusal(supported.check_quality_model, None, transformers.DeepseekV3Config())
     assert "MLA" in msg
     llama = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=256)

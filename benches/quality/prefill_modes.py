@@ -56,8 +56,8 @@ def prompt_part(model, ids, cfg, chunk: int) -> dict:
 
     with torch.inference_mode():
         base = _lp(model(ids, past_key_values=DynamicCache(config=model.config)).logits[0])
-        pos = _lp(position_logits(model, ids, OscarCache(model.config, cfg)))
-        cache, outs = OscarCache(model.config, cfg), []
+        pos = _lp(position_logits(model, ids, OscarCache(model, cfg)))
+        cache, outs = OscarCache(model, cfg), []
         for a in range(0, ids.shape[1], chunk):
             outs.append(model(ids[:, a:a + chunk], past_key_values=cache).logits[0])
         exact = _lp(torch.cat(outs))
@@ -83,9 +83,9 @@ def continuation_part(model, ids, cfg, prefix: int) -> dict:
         bf16 = DynamicCache(config=model.config)
         first_b = model(ids[:, :prefix], past_key_values=bf16).logits[0, -1:]
         base = torch.cat((_lp(first_b), score(bf16)))
-        c_pos = OscarCache(model.config, cfg)
+        c_pos = OscarCache(model, cfg)
         first_p = position_logits(model, ids[:, :prefix], c_pos)[-1:]
-        c_ex = OscarCache(model.config, cfg)
+        c_ex = OscarCache(model, cfg)
         first_e = model(ids[:, :prefix], past_key_values=c_ex).logits[0, -1:]
         c_ex.flush()
         t = ids[0, prefix:]

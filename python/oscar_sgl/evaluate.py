@@ -77,16 +77,16 @@ def tokenize(tok: Any, text: str, n: int, source: str = "text") -> torch.Tensor:
 def _prefill(model: Any, ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    # No config: every layer keeps all its tokens (sliding layers too; the model's mask still applies
+    # the window), so the prefix can be copied into any cache.
+    cache = DynamicCache()
     out = model(ids, past_key_values=cache, use_cache=True)
     return cache, out.logits[:, -1:].float()
 
 
 def _copy_prefix(exact: Any, cache: OscarCache) -> None:
     """Put the exact prefix KV into an OscarCache and seal its whole blocks."""
-    for layer_src, layer_dst in zip(exact.layers, cache.oscar_layers):
-        layer_dst.update(layer_src.keys, layer_src.values)
-    cache.flush()
+    cache.load_exact(exact)
 
 
 def _score(model: Any, ids: torch.Tensor, prefix: int, cache: Any, cfg: OscarConfig | None,
@@ -141,7 +141,7 @@ def _perplexity(model: Any, ids: torch.Tensor, prefix: int, configs: list[OscarC
         base_top1 = base_lp.argmax(dim=-1)
         results = []
         for cfg in configs:
-            cache = OscarCache(model.config, cfg)
+            cache = OscarCache(model, cfg)
             _copy_prefix(exact, cache)
             lp = _score(model, ids, prefix, cache, cfg, first, tick)
             nll = -lp.gather(1, targets[:, None]).mean().item()
@@ -150,7 +150,7 @@ def _perplexity(model: Any, ids: torch.Tensor, prefix: int, configs: list[OscarC
             top1 = (lp.argmax(dim=-1) == base_top1).float().mean().item()
             results.append(PplResult(
                 method=cfg.method, bits=cfg.bits, ppl=ppl, delta_ppl_pct=100.0 * (ppl / base_ppl - 1.0),
-                kl=kl, top1_agreement=top1, effective_bits=cfg.effective_bits(heads, head_dim),
+                kl=kl, top1_agreement=top1, effective_bits=cache.effective_bits(ids.shape[1]),
                 config=cfg.to_dict(),
             ))
     return base_ppl, results
@@ -435,7 +435,7 @@ def window_report(starts: Sequence[int], bases: Sequence[float], per_window: Seq
         for m in METRICS:
             s = _stat([getattr(r, m) for r in col])
             row[m], row[f"{m}_ci95"] = s["mean"], s["ci95"]
-        row |= {k: r0.config[k] for k in ("k_group", "v_group", "page_size", "norm_scope")}
+        row |= {k: r0.config[k] for k in ("k_group", "v_group", "page_size", "norm_scope", "key_rotation", "sliding_layers") if k in r0.config}
         row["per_window"] = [{"start": s} | {m: getattr(r, m) for m in METRICS} for s, r in zip(starts, col)]
         report["results"].append(row)
     for i in range(len(rows)):
@@ -468,7 +468,7 @@ def collect_keys(model: Any, ids: torch.Tensor) -> list[torch.Tensor]:
     """Post-RoPE keys `[H, T, D]` fp32 of every layer for one sequence, as the cache receives them."""
     from transformers import DynamicCache
 
-    cache: Any = DynamicCache(config=model.config)
+    cache: Any = DynamicCache()  # no config: sliding layers keep every token too
     with torch.inference_mode():
         model(ids, past_key_values=cache, use_cache=True)
     return [layer.keys[0].float() for layer in cache.layers]

@@ -14,6 +14,11 @@ token-by-token decoding.
 Attention sees `restore_k`/`restore_v` of the sealed blocks (dequantized, times s_t, un-rotated):
 `q . restore_k = s_t <H q, deq(K_bar)>`, the logits the fused GPU kernel computes in the rotated
 basis. The dequantized history is a per-step temporary, never stored.
+
+Hybrid models (gemma-3: 5 sliding-window layers per full-attention layer) keep their layer types:
+full-attention layers are always quantized; sliding layers follow `OscarConfig.sliding_layers`,
+"quantized" (an `OscarLayer` that drops every sealed page no future token can see) or "bf16"
+(transformers' own `DynamicSlidingWindowLayer`, the window in the model dtype).
 """
 
 from __future__ import annotations
@@ -21,26 +26,37 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from . import reference as ref
 from .config import OscarConfig, OscarConfigError
-from .supported import check_quality_model
+from .supported import check_quality_model, quality_layer_types
 
 
 class OscarLayer(CacheLayerMixin):
     """The cache of one attention layer (keys `[B, H, T, D]` as transformers passes them)."""
 
     is_compileable = False
-    is_sliding = False
     is_croppable = False
 
-    def __init__(self, cfg: OscarConfig, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, cfg: OscarConfig, num_kv_heads: int, head_dim: int, *,
+                 key_rotated: tuple[bool, ...] | None = None, sliding_window: int | None = None) -> None:
+        """`key_rotated`: one flag per KV head (`reference.key_rotation_plan`), None for every head.
+        `sliding_window`: the layer's window when it is a sliding-window layer (tokens at distance
+        >= window are never attended), else None."""
         cfg.check_shape(num_kv_heads, head_dim)
+        if key_rotated is not None and len(key_rotated) != num_kv_heads:
+            raise OscarConfigError(f"key_rotated must have one flag per KV head ({num_kv_heads}), got {len(key_rotated)}")
         super().__init__()
         self.cfg = cfg
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.key_rotated = None if key_rotated is None else tuple(bool(x) for x in key_rotated)
+        self.scales_tokens = ref.scales_tokens(cfg, self.key_rotated)
+        self.rotates_values = ref.rotates_values(cfg, self.key_rotated)
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None
+        self.dropped_tokens = 0  # sealed tokens of a sliding layer no future token can see: freed
         self.is_initialized = False
         self.k_blocks: list[list[ref.KBlock]] = []  # per batch row
         self.v_blocks: list[list[ref.VBlock]] = []
@@ -86,13 +102,15 @@ class OscarLayer(CacheLayerMixin):
         return self.sealed_k_tokens + self.k_tail.shape[2]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+        dropped = self._dropped_after_flush()
+        return self.get_seq_length() - dropped + query_length, dropped
 
     def get_max_length(self) -> int:
         return -1
 
     def reset(self) -> None:
-        self.__init__(self.cfg, self.num_kv_heads, self.head_dim)  # type: ignore[misc]
+        self.__init__(self.cfg, self.num_kv_heads, self.head_dim,  # type: ignore[misc]
+                      key_rotated=self.key_rotated, sliding_window=self.sliding_window)
 
     def offload(self) -> None:  # transformers' offloading is not supported: keep data where it is
         return None
@@ -110,20 +128,57 @@ class OscarLayer(CacheLayerMixin):
         if not self.is_initialized:
             return
         assert self.k_tail is not None and self.v_tail is not None
-        n_k = (self.k_tail.shape[2] // self.cfg.page_size) * self.cfg.page_size
-        if n_k:
+        page = self.cfg.page_size
+        n_k = (self.k_tail.shape[2] // page) * page
+        # A sliding layer seals page by page, so that pages leave the window one at a time (the
+        # bytes are the same: no key group straddles a page).
+        step_k = page if self.sliding_window is not None else max(n_k, 1)
+        for a in range(0, n_k, step_k):
             for b in range(self.k_tail.shape[0]):
-                k_rot = ref.rotate(self.k_tail[b, :, :n_k], self.cfg)
-                s = ref.token_scales(k_rot, self.cfg.norm_scope) if self.cfg.token_scaling else None
-                self.k_blocks[b].append(ref.pack_k(k_rot, s, self.cfg))
+                k_rot = ref.rotate_keys(self.k_tail[b, :, a:a + step_k], self.cfg, self.key_rotated)
+                s = ref.token_scales(k_rot, self.cfg.norm_scope) if self.scales_tokens else None
+                blk = ref.pack_k(k_rot, s, self.cfg)
+                blk.key_rotated = self.key_rotated
+                self.k_blocks[b].append(blk)
+        if n_k:
             self.k_tail = self.k_tail[:, :, n_k:].contiguous()
             self.sealed_k_tokens += n_k
-        n_v = (self.v_tail.shape[2] // self.cfg.page_size) * self.cfg.page_size
-        if n_v:
+        n_v = (self.v_tail.shape[2] // page) * page
+        step_v = page if self.sliding_window is not None else max(n_v, 1)
+        for a in range(0, n_v, step_v):
             for b in range(self.v_tail.shape[0]):
-                self.v_blocks[b].append(ref.pack_v(ref.rotate(self.v_tail[b, :, :n_v], self.cfg), self.cfg))
+                v = self.v_tail[b, :, a:a + step_v]
+                blk_v = ref.pack_v(ref.hadamard(v) if self.rotates_values else v.to(torch.float32), self.cfg)
+                blk_v.rotated = self.rotates_values or not self.cfg.rotation
+                self.v_blocks[b].append(blk_v)
+        if n_v:
             self.v_tail = self.v_tail[:, :, n_v:].contiguous()
             self.sealed_v_tokens += n_v
+        if self.sliding_window is not None:
+            self._drop_out_of_window()
+
+    def _dropped_after_flush(self) -> int:
+        """Tokens of a sliding layer no later token can see once the tail is flushed: whole pages
+        (sealed page by page) ending at or before `get_seq_length() - window + 1`, since the next
+        token is at position `get_seq_length()` and sees the positions above it minus the window.
+        `get_mask_sizes` runs before `update` flushes, so both use this one count."""
+        if self.sliding_window is None or not self.is_initialized:
+            return self.dropped_tokens
+        page = self.cfg.page_size
+        seq = self.get_seq_length()
+        horizon = max(seq - self.sliding_window + 1, 0)
+        return max(self.dropped_tokens, min((seq // page) * page, (horizon // page) * page))
+
+    def _drop_out_of_window(self) -> None:
+        """Free the sealed pages `_dropped_after_flush` counts."""
+        target = self._dropped_after_flush()
+        while self.dropped_tokens < target:
+            n = self.k_blocks[0][0].num_tokens
+            for row in self.k_blocks:
+                row.pop(0)
+            for row in self.v_blocks:
+                row.pop(0)
+            self.dropped_tokens += n
 
     def _history(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.k_tail is not None and self.v_tail is not None
@@ -154,45 +209,114 @@ class OscarCache(Cache):
     """A transformers `Cache` with OScaR-packed KV.
 
     Example:
-        >>> cache = OscarCache(model.config, OscarConfig(bits=2))
+        >>> cache = OscarCache(model, OscarConfig(bits=2))
         >>> model.generate(ids, past_key_values=cache, max_new_tokens=32)
         >>> cache.memory()  # true bytes held: packed history + full-precision tail
 
     Args:
-        model_config: the model's `PretrainedConfig` (num_hidden_layers, num_key_value_heads, head_dim).
+        model: the causal LM, or only its `PretrainedConfig` (num_hidden_layers, num_key_value_heads,
+            head_dim, layer_types, sliding_window) when `cfg.key_rotation` is "all" or rotation is off:
+            `key_rotation="weights"` (the default) chooses per head from the weights
+            (`reference.key_rotation_plan`).
         cfg: how to quantize (default: OScaR INT2).
     Raises:
         OscarConfigError: at construction, when the model shape cannot run with `cfg` (e.g. head_dim
-            not a power of two) or the model has non-full-attention layers.
+            not a power of two), the model has layers that are not full or sliding-window attention,
+            or `key_rotation="weights"` was given a config without weights.
     """
 
-    def __init__(self, model_config: Any, cfg: OscarConfig | None = None) -> None:
+    def __init__(self, model: Any, cfg: OscarConfig | None = None) -> None:
         self.cfg = cfg or OscarConfig()
+        is_model = isinstance(model, torch.nn.Module)
+        model_config = model.config if is_model else model
         num_layers, heads, head_dim = check_quality_model(self.cfg, model_config)
+        types, window = quality_layer_types(model_config)
         self.num_kv_heads, self.head_dim = heads, head_dim
-        self.oscar_layers = [OscarLayer(self.cfg, heads, head_dim) for _ in range(num_layers)]
-        super().__init__(layers=list(self.oscar_layers))
+        self.layer_types, self.sliding_window = types, window
+        if self.cfg.rotation and self.cfg.key_rotation == "weights":
+            if not is_model:
+                raise OscarConfigError(
+                    "key_rotation 'weights' needs the model's weights, got only its config: pass the model "
+                    "(OscarCache(model, cfg)), or use key_rotation='all'"
+                )
+            try:
+                plan: list[tuple[bool, ...] | None] = list(ref.key_rotation_plan(model, self.cfg))
+            except ValueError as e:
+                raise OscarConfigError(f"key_rotation 'weights' must read the model's q/k projections: {e}; "
+                                       "use key_rotation='all'") from None
+        else:
+            plan = [None] * num_layers
+        self.key_rotation_plan = plan
+        self.oscar_layers: list[OscarLayer] = []
+        layers: list[CacheLayerMixin] = []
+        for i, kind in enumerate(types):
+            if kind == "sliding_attention" and self.cfg.sliding_layers == "bf16":
+                layers.append(DynamicSlidingWindowLayer(sliding_window=window))
+                continue
+            layer = OscarLayer(self.cfg, heads, head_dim, key_rotated=plan[i],
+                               sliding_window=window if kind == "sliding_attention" else None)
+            self.oscar_layers.append(layer)
+            layers.append(layer)
+        super().__init__(layers=layers)
 
     def flush(self) -> None:
         """Seal every whole block now (call after a prefill to quantize it, docs/OSCAR.md §2.4)."""
         for layer in self.oscar_layers:
             layer.flush()
 
+    def load_exact(self, exact: Cache) -> None:
+        """Fill this empty cache from `exact`, a transformers cache holding a prefix in full precision
+        whose every layer keeps all its tokens (a `DynamicCache()` built without the model config, so
+        that sliding layers are not cut to their window), and seal its whole pages."""
+        if self.get_seq_length():
+            raise ValueError("load_exact needs an empty OscarCache")
+        for src, dst in zip(exact.layers, self.layers, strict=True):
+            dst.update(src.keys, src.values)
+        self.flush()
+
+    def _bf16_window_bytes(self) -> int:
+        """Bytes of the full-precision sliding layers ("bf16"), in the model dtype (like `tail_bytes`)."""
+        return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                   for layer in self.layers
+                   if isinstance(layer, DynamicSlidingWindowLayer) and layer.is_initialized)
+
+    def stored_elements(self, tokens: int) -> tuple[int, int]:
+        """`(quantized, bf16)` K/V elements per sequence the cache holds after `tokens` tokens,
+        counting what a BF16 cache of the same model would hold: every token of a full-attention layer,
+        at most the window (window - 1 kept between steps) of a sliding one."""
+        per_token = 2 * self.num_kv_heads * self.head_dim
+        quant = bf16 = 0
+        for kind in self.layer_types:
+            n = tokens if kind == "full_attention" else min(tokens, (self.sliding_window or 1) - 1)
+            if kind == "sliding_attention" and self.cfg.sliding_layers == "bf16":
+                bf16 += n * per_token
+            else:
+                quant += n * per_token
+        return quant, bf16
+
+    def effective_bits(self, tokens: int) -> float:
+        """Stored bits per K/V element of the whole cache after `tokens` tokens, over the elements a
+        BF16 cache of the same model holds (sliding layers: their window): `OscarConfig.effective_bits`
+        for a model whose layers are all quantized, more when sliding layers stay BF16."""
+        quant, bf16 = self.stored_elements(tokens)
+        bits = self.cfg.effective_bits(self.num_kv_heads, self.head_dim)
+        return (quant * bits + bf16 * 16.0) / max(quant + bf16, 1)
+
     def memory(self) -> dict[str, float]:
         """True bytes held, and what BF16 would need for the same tokens."""
         packed = sum(layer.packed_bytes() for layer in self.oscar_layers)
-        tail = sum(layer.tail_bytes() for layer in self.oscar_layers)
+        tail = sum(layer.tail_bytes() for layer in self.oscar_layers) + self._bf16_window_bytes()
         tokens = self.get_seq_length()
         first = self.oscar_layers[0] if self.oscar_layers else None
         rows = len(first.k_blocks) if first is not None and first.is_initialized else 0
-        bf16 = 2 * 2 * len(self.layers) * rows * tokens * self.num_kv_heads * self.head_dim
+        quant, bf16 = self.stored_elements(tokens)
         return {
             "tokens": tokens,
             "packed_bytes": packed,
             "tail_bytes": tail,
             "total_bytes": packed + tail,
-            "bf16_bytes": bf16,
-            "effective_bits": self.cfg.effective_bits(self.num_kv_heads, self.head_dim),
+            "bf16_bytes": 2 * rows * (quant + bf16),
+            "effective_bits": self.effective_bits(tokens),
         }
 
     def __repr__(self) -> str:

@@ -203,8 +203,9 @@ class NeedleTask:
 # ------------------------------------------------------------------------------------------------
 
 
-def _kept_restore_cache(model_config: Any, cfg: Any) -> Any:
-    """An `OscarCache` whose layers keep their dequantized sealed pages between steps."""
+def _kept_restore_cache(model: Any, cfg: Any) -> Any:
+    """An `OscarCache` (of `model`: its weights choose the key rotation per head) whose layers keep
+    their dequantized sealed pages between steps."""
     from . import reference as ref
     from .hf_cache import OscarCache, OscarLayer
 
@@ -237,9 +238,11 @@ def _kept_restore_cache(model_config: Any, cfg: Any) -> Any:
             self.__dict__.pop("_kept", None)
             super().reset()
 
-    cache = OscarCache(model_config, cfg)
-    cache.oscar_layers = [_KeptRestoreLayer(cfg, cache.num_kv_heads, cache.head_dim) for _ in cache.oscar_layers]
-    cache.layers = list(cache.oscar_layers)
+    cache = OscarCache(model, cfg)
+    kept = {id(layer): _KeptRestoreLayer(cfg, layer.num_kv_heads, layer.head_dim, key_rotated=layer.key_rotated,
+                                         sliding_window=layer.sliding_window) for layer in cache.oscar_layers}
+    cache.oscar_layers = [kept[id(layer)] for layer in cache.oscar_layers]
+    cache.layers = [kept.get(id(layer), layer) for layer in cache.layers]
     return cache
 
 
@@ -292,7 +295,7 @@ def generate_quantized(model: Any, prompt: NeedlePrompt, cfg: Any, new_tokens: i
 
     from .evaluate import position_logits
 
-    cache = _kept_restore_cache(model.config, cfg)
+    cache = _kept_restore_cache(model, cfg)
     if prefill == "position":
         first = position_logits(model, torch.tensor([prompt.ids]), cache)[-1]
     elif prefill == "context":

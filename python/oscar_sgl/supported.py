@@ -19,12 +19,13 @@ exit status 2.
 | every int below 2^31 | the Rust core takes u32/i32 | `check_fields` |
 | KV heads > 0; head_dim a power of two (rotation on) | Walsh-Hadamard transform | `check_layer_shape` (all contexts) |
 | v_group divides head_dim; head_dim*bits a whole number of bytes | value groups, packing | `check_layer_shape` |
-| full-attention layers only; no MLA | one quantized pool per layer, latent KV is not K/V | `check_quality_model` (OscarCache, `oscar-sgl eval`, `plan --model`) |
+| full or sliding-window attention layers (no linear attention); no MLA | latent / recurrent state is not K/V | `check_quality_model` (OscarCache, `oscar-sgl eval`, `plan --model`) |
+| `key_rotation` 'weights': the model's weights, not only its config | the per-head choice is computed from them | `OscarCache` |
 | `--oscar-*` flags only with `--kv-cache oscar` | nothing would read them | `check_server_flags` |
 | `--page-size` = `--oscar-page-size`; attention backend `oscar`; no `--kv-cache-dtype` | an OScaR page is the unit of sealing; other backends read BF16 | `check_server_flags` |
 | no HiCache, PD disaggregation, speculative decoding, KV sharding, page-major layout, unified memory | each moves or writes K/V without the per-page scales | `check_server_flags` |
 | CPU TP > 1 with a CUDA torch: `SGLANG_NCCL_SO_PATH` set | SGLang would build PyNccl on the CPU | `check_server_flags` |
-| MHA/GQA model: no MLA, no hybrid sliding-window or linear attention | one OScaR pool for every layer | `check_server_model` |
+| MHA/GQA model: no MLA, no hybrid sliding-window or linear attention | one OScaR pool for every layer (SGLang's SWA pool is a second, BF16-layout pool with its own allocator; docs/OSCAR.md §7) | `check_server_model` |
 | KV heads divide across TP ranks; K and V head dims equal | whole heads per rank, one token scale per rank | `check_server_model` |
 | kernel path: head_dim*bits a whole number of 32-bit words; v_group a multiple of 32/bits; k_group >= 16; page size a multiple of 32 | the kernels' word loads and 32-token tiles | `check_kernel_shape` (pool build and every launch) |
 | kernel path: bf16/fp16 model on CUDA; on a CPU only under `TRITON_INTERPRET=1` | the kernels stage BF16; Triton needs a GPU or its interpreter | `check_kernel_device` (pool build) |
@@ -47,6 +48,7 @@ __all__ = [
     "check_kernel_shape",
     "check_layer_shape",
     "check_quality_model",
+    "quality_layer_types",
     "check_server_flags",
     "check_server_model",
 ]
@@ -89,6 +91,12 @@ def check_fields(values: Mapping[str, object], name: Callable[[str], str] = str)
         )
     if values["norm_scope"] not in ("layer", "head"):
         raise OscarConfigError(f"{name('norm_scope')} must be 'layer' or 'head', got {values['norm_scope']!r}")
+    if values.get("key_rotation", "all") not in ("all", "weights"):
+        raise OscarConfigError(f"{name('key_rotation')} must be 'all' or 'weights', got {values['key_rotation']!r}")
+    if values.get("sliding_layers", "quantized") not in ("quantized", "bf16"):
+        raise OscarConfigError(
+            f"{name('sliding_layers')} must be 'quantized' or 'bf16', got {values['sliding_layers']!r}"
+        )
 
 
 def check_layer_shape(cfg: Any, num_kv_heads: int, head_dim: int) -> None:
@@ -108,16 +116,46 @@ def check_layer_shape(cfg: Any, num_kv_heads: int, head_dim: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _text_config(hf_config: Any) -> Any:
+    return hf_config.get_text_config(decoder=True) if hasattr(hf_config, "get_text_config") else hf_config
+
+
+#: The attention layer types OscarCache stores (transformers' `config.layer_types` names).
+QUALITY_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def quality_layer_types(hf_config: Any) -> tuple[list[str], int | None]:
+    """``(layer type per layer, sliding window)`` of a transformers config: every layer
+    "full_attention" when the config has no `layer_types`; the window is None without sliding layers.
+
+    Raises:
+        OscarConfigError: a layer type OscarCache cannot store (linear attention, Mamba, ...), or
+            sliding layers without a positive `sliding_window`.
+    """
+    text_cfg = _text_config(hf_config)
+    layers = int(text_cfg.num_hidden_layers)
+    types = list(getattr(text_cfg, "layer_types", None) or ["full_attention"] * layers)
+    unknown = sorted(set(types) - set(QUALITY_LAYER_TYPES))
+    if unknown:
+        raise OscarConfigError(
+            f"the model's layers must be full or sliding-window attention, got {unknown}: OscarCache stores K/V, "
+            "and those layers keep another state"
+        )
+    if len(types) != layers:
+        raise OscarConfigError(f"the model's layer_types must name each of its {layers} layers, got {len(types)}")
+    if "sliding_attention" not in types:
+        return types, None
+    window = getattr(text_cfg, "sliding_window", None)
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise OscarConfigError(f"the model's sliding_window must be a positive int with sliding layers, got {window!r}")
+    return types, window
+
+
 def check_quality_model(cfg: Any, hf_config: Any) -> tuple[int, int, int]:
     """``(num_layers, num_kv_heads, head_dim)`` of a transformers config that `cfg` can quantize;
     `cfg` None checks the model alone."""
-    text_cfg = hf_config.get_text_config(decoder=True) if hasattr(hf_config, "get_text_config") else hf_config
-    layer_types = getattr(text_cfg, "layer_types", None)
-    if layer_types is not None and set(layer_types) - {"full_attention"}:
-        raise OscarConfigError(
-            f"the model's layers must all be full attention, got {sorted(set(layer_types))}: OscarCache "
-            "quantizes every layer the same way"
-        )
+    text_cfg = _text_config(hf_config)
+    quality_layer_types(hf_config)
     if getattr(text_cfg, "kv_lora_rank", None):
         raise OscarConfigError("the model's attention must be MHA/GQA, got MLA (kv_lora_rank): latent KV is not K/V")
     layers = int(text_cfg.num_hidden_layers)
@@ -225,8 +263,13 @@ def check_server_model(cfg: Any, model_config: Any, *, tp_size: int, use_mla: bo
         raise OscarConfigError("the model's attention must be MHA/GQA with --kv-cache oscar, got MLA: "
                                "latent KV is not K/V, which OScaR quantizes")
     if is_hybrid_swa:
-        raise OscarConfigError("the model's layers must all be full attention with --kv-cache oscar, got hybrid "
-                               "sliding-window layers (SGLang's SWA pool)")
+        raise OscarConfigError(
+            "the model's layers must all be full attention with --kv-cache oscar, got hybrid sliding-window layers: "
+            "SGLang 0.5.23 builds an SWAKVPool for them (a full-attention sub-pool plus a BF16 SWA sub-pool with its "
+            "own allocator and full-to-SWA index mapping) and the oscar attention backend reads only one OScaR pool; "
+            "serve this model with --kv-cache default, or measure OScaR on it with `oscar-sgl eval ppl` "
+            "(OscarCache quantizes its full-attention layers)"
+        )
     if is_hybrid_linear:
         raise OscarConfigError("the model's layers must all be full attention with --kv-cache oscar, got hybrid "
                                "linear-attention / Mamba layers")

@@ -112,8 +112,10 @@ def config_from_namespace(ns: Any) -> Any:
                                    f"{getattr(ns, 'kv_cache', 'default')}")
         return None
     values = {field: getattr(ns, dest) for field, (_, dest) in FLAGS.items() if getattr(ns, dest, None) is not None}
+    # key_rotation "all": the kernels rotate every head's keys (a per-head flag is not in the page
+    # metadata yet, docs/OSCAR.md §7), so the server's config says exactly what it stores.
     return OscarConfig.from_flags(
-        {field: flag for field, (flag, _) in FLAGS.items()},
+        {field: flag for field, (flag, _) in FLAGS.items()}, key_rotation="all",
         rotation=not getattr(ns, "oscar_no_rotation", False),
         token_scaling=not getattr(ns, "oscar_no_token_scaling", False), **values,
     )
