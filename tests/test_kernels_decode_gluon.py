@@ -91,7 +91,8 @@ def test_gluon_decode_split_counts_and_constant_groups(bits, nan_empty):
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant", [v for v in gluon_decode.GLUON_VARIANTS if v != gluon_decode.DEFAULT_GLUON_VARIANT])
 def test_gluon_variants_match_reference(variant, bits, nan_empty):
-    """Every stage-1 variant of the sweep (cp.async rings of 2-4 tiles, register caps) against the
+    """Every stage-1 variant of the sweep (cp.async rings of 2-4 tiles, register caps, key params
+    folded into the query) against the
     torch reference and the default variant: two layer shapes (32-token tiles at group 4, 16-token
     tiles at group 8 / head scope) and split counts 1 and 16, so splits with fewer tiles than the
     ring's depth (and empty ones) are covered."""
@@ -108,8 +109,10 @@ def test_gluon_variants_match_reference(variant, bits, nan_empty):
             out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
             err = rel_rms(out, ref)
             assert err < ATTN_BOUND_FP32_OUT, f"{variant} {shape} splits={n} vs reference: relative RMS {err:.2e}"
-            if n is None:  # same splits as the default variant: only the streaming differs
-                assert rel_rms(out, base) < 1e-5, f"{variant} vs regs1: relative RMS {rel_rms(out, base):.2e}"
+            if n is None:  # same splits as regs1: the streaming alone changes nothing; folding the key
+                # params into the query rounds q * scale to fp16 instead of each key (the Triton bound)
+                bound = 1e-5 if gluon_decode.GLUON_VARIANTS[variant].keys == "dequant" else 1e-3
+                assert rel_rms(out, base) < bound, f"{variant} vs regs1: relative RMS {rel_rms(out, base):.2e}"
 
 
 def test_gluon_variants_are_checked(nan_empty):
@@ -121,6 +124,8 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.gluon_variant("cp9")
     with pytest.raises(ValueError, match="stages must be 0 .* or 2..4"):
         gluon_decode.GluonVariant("x", stages=1)
+    with pytest.raises(ValueError, match="keys must be one of dequant, fold, magic, got 'free'"):
+        gluon_decode.GluonVariant("x", keys="free")
     with pytest.raises(ValueError, match="maxnreg must be in \\[24, 255\\]"):
         gluon_decode.GluonVariant("x", maxnreg=300)
     assert kdecode._DecodeTuning(32, 32, 1, True, 1.0).gluon_variant == "regs1"

@@ -63,30 +63,49 @@ class GluonVariant:
             cp.async's 4-byte minimum) stay one tile ahead in registers.
         maxnreg: register cap per thread (None: the compiler's choice; 230 at INT2), to fit more
             one-warp programs per SM (65536 / (32 * maxnreg) warps).
+        keys: how the key tile meets the query. ``"dequant"``: codes * scale + offset in fp16
+            (LOP3 + HSUB2 + HFMA2 per pair; the first kernel). ``"fold"``: the per-channel key
+            (scale, offset) are constant over a tile (G_K a multiple of BLOCK_N), so
+            ``K q = sum_c (q_c s_c) code_c + sum_c q_c o_c``: the MMA takes the exact codes (LOP3 +
+            HSUB2) and the query scaled once per tile (fp16 ``q' = q * s``), plus the fp32 per-head
+            ``q . o``. ``"magic"``: the MMA takes ``2^(10-b) + code`` as the LOP3 makes it (no HSUB2)
+            and the per-head term also subtracts ``q' . 2^(10-b)`` (fp32; larger cancellation).
     """
 
     name: str
     stages: int = 0
     maxnreg: int | None = None
+    keys: str = "dequant"
+
+    @property
+    def key_mode(self) -> int:
+        """The kernel's ``KEYS`` constexpr."""
+        return _KEY_MODES.index(self.keys)
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
             raise ValueError(f"GluonVariant.stages must be 0 (register prefetch) or 2..4 (cp.async ring), got {self.stages}")
+        if self.keys not in _KEY_MODES:
+            raise ValueError(f"GluonVariant.keys must be one of {', '.join(_KEY_MODES)}, got {self.keys!r}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
             raise ValueError(f"GluonVariant.maxnreg must be in [24, 255] or None, got {self.maxnreg}")
 
+
+_KEY_MODES = ("dequant", "fold", "magic")  # the KEYS constexpr of the kernel: 0, 1, 2
 
 GLUON_VARIANTS: dict[str, GluonVariant] = {
     v.name: v
     for v in (
         GluonVariant("regs1"),
         GluonVariant("regs1_r168", maxnreg=168),
-        GluonVariant("regs1_r128", maxnreg=128),
         GluonVariant("cp2", stages=2),
         GluonVariant("cp3", stages=3),
         GluonVariant("cp4", stages=4),
         GluonVariant("cp3_r168", stages=3, maxnreg=168),
         GluonVariant("cp4_r128", stages=4, maxnreg=128),
+        GluonVariant("fold", keys="fold"),
+        GluonVariant("cp3_fold", stages=3, keys="fold"),
+        GluonVariant("cp3_magic", stages=3, keys="magic"),
     )
 }
 DEFAULT_GLUON_VARIANT = "regs1"
@@ -153,6 +172,27 @@ if gl is not None:
         magic = ((25 - bpos) << 10) * 65537
         t = gl.inline_asm_elementwise(_PAIR_ASM, "=r,r,r,r,r,r", [xs, mask, magic, s_pk, o_pk], dtype=gl.int32,
                                       is_pure=True, pack=1)
+        lo = (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
+        hi = (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
+        return lo, hi
+
+    @gluon.jit
+    def _code_pairs(x, i, BITS: gl.constexpr, EXACT: gl.constexpr):
+        """The code pair at bit ``(i % J) * BITS`` of both halves of ``x`` as fp16 (low, high half):
+        ``2^(10 - bpos) + code`` straight from the LOP3 (``EXACT`` False), or the exact codes
+        (one more HSUB2)."""
+        J: gl.constexpr = 8 // BITS
+        QM: gl.constexpr = (1 << BITS) - 1
+        xs = x >> ((i // J) * 8)
+        bpos = (i % J) * BITS
+        mask = (QM << bpos) * 65537
+        magic = ((25 - bpos) << 10) * 65537
+        if EXACT:
+            t = gl.inline_asm_elementwise("{\n.reg .b32 t;\nlop3.b32 t, $1, $2, $3, 0xea;\nsub.rn.f16x2 $0, t, $3;\n}",
+                                          "=r,r,r,r", [xs, mask, magic], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            t = gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xea;", "=r,r,r,r", [xs, mask, magic],
+                                          dtype=gl.int32, is_pure=True, pack=1)
         lo = (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
         hi = (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
         return lo, hi
@@ -294,7 +334,7 @@ if gl is not None:
     @gluon.jit
     def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr):
+                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands."""
         HALF: gl.constexpr = 16 // BITS
@@ -309,16 +349,32 @@ if gl is not None:
         k_i = gl.arange(0, HALF, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LK))))
         k_i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k_i, 0), 1), 3)  # [1, 1, HALF, 1]
         x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
-        s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
-        o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
         x4, k_i4 = gl.broadcast(x4, k_i4)
-        x4, s_pk = gl.broadcast(x4, s_pk)
-        x4, o_pk = gl.broadcast(x4, o_pk)
-        k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
-        b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
-        b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
-
-        b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
+        if KEYS == 0:  # dequantized keys
+            s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
+            o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
+            x4, s_pk = gl.broadcast(x4, s_pk)
+            x4, o_pk = gl.broadcast(x4, o_pk)
+            k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
+            b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
+            b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
+            b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
+        else:  # codes into the MMA, (scale, offset) folded into the query and a per-head term
+            k_lo, k_hi = _code_pairs(x4, k_i4, BITS, KEYS == 1)
+            b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
+            b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
+            LQK: gl.constexpr = gl.SliceLayout(1, B_OP)  # the k positions of the query operand
+            s_k = gl.convert_layout(gl.reshape(gl.join(ks0, ks1), [D]), LQK)  # position p = e + 2t + 8(wi*HALF + i)
+            o_k = gl.convert_layout(gl.reshape(gl.join(ko0, ko1), [D]), LQK)
+            b_qs = b_q * s_k[:, None]  # fp16 q' = q * scale, once per tile
+            corr = b_q.to(gl.float32) * o_k.to(gl.float32)[:, None]
+            if KEYS == 2:  # the MMA saw 2^(10 - bpos) + code: take q' . 2^(10 - bpos) back out
+                J: gl.constexpr = 8 // BITS
+                p_k = gl.arange(0, D, layout=LQK)
+                mag = (gl.full([D], 1, gl.int32, LQK) << (10 - ((p_k // 8) % HALF % J) * BITS)).to(gl.float32)
+                corr = corr - b_qs.to(gl.float32) * mag[:, None]
+            corr = gl.convert_layout(gl.sum(corr, axis=0), gl.SliceLayout(0, MMA))
+            b_s = mma_v2(b_k, b_qs, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA)) + corr[None, :]
         b_s = b_s * (st * sm_scale_log2)[:, None]
         m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
         alpha = gl.exp2(m_i - m_new)
@@ -409,7 +465,7 @@ if gl is not None:
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
-        STAGES: gl.constexpr,
+        STAGES: gl.constexpr, KEYS: gl.constexpr,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -476,7 +532,7 @@ if gl is not None:
                                       scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
-                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA)
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS)
                     raw = raw_n
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32
@@ -515,7 +571,7 @@ if gl is not None:
                                           S, BLOCK_N, LV, LS)
                     st, vs0, vs1, vo0, vo1 = small
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
-                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA)
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS)
                     small = small_n
                 async_copy.wait_group(0)
 
@@ -572,7 +628,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,
         part_lse_ptr=part_lse, sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
-        BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages,
+        BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode,
         **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
         num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
     )  # fmt: skip

@@ -44,7 +44,7 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     block_h = max(8, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
-                 BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
+                 BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
 

@@ -165,6 +165,14 @@ def make_gl(ctx):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
             return T(r.astype(np.uint32).view(np.int32))
+        if len(args) == 3:  # the codes only: lop3 (2^(10-b) + code), then optionally sub.f16x2 (exact codes)
+            x, mask, magic = np.broadcast_arrays(*args)
+            t = ((x & mask) | magic).astype(np.int32)
+            if "sub" not in asm:
+                return T(t)
+            tu = np.ascontiguousarray(t).view(np.uint16).reshape(t.shape + (2,)).view(np.float16)
+            mu = np.ascontiguousarray(magic.astype(np.int32)).view(np.uint16).reshape(t.shape + (2,)).view(np.float16)
+            return T(np.ascontiguousarray((tu - mu).astype(np.float16)).view(np.int32).reshape(t.shape))
         x, mask, magic, s_pk, o_pk = np.broadcast_arrays(*args)
         t = ((x & mask) | magic).astype(np.int32)
 
@@ -231,7 +239,7 @@ def kernel_functions(ctx):
     g["mma_v2"] = mma
     g["async_copy"] = make_async_copy(ctx)
     g["_PAIR_ASM"] = G._PAIR_ASM.value
-    names = ["_dequant_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_staging_tile", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
@@ -239,7 +247,8 @@ def kernel_functions(ctx):
     return g
 
 
-def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, stages=0):
+def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, variant="regs1"):
+    var = G.gluon_variant(variant)
     args = kdecode.pool_arguments(pool.layer)
     b, hq, d = q_rot.shape
     h = args["H"]
@@ -269,7 +278,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
                 fns["_gluon_decode_stage1_kernel"](
                     *ptrs, np.float32(sm_scale * math.log2(math.e)), H=h, GROUP=group, BLOCK_H=block_h, D=d,
                     BITS=args["BITS"], P=args["P"], G_K=args["G_K"], G_V=args["G_V"], S=args["S"], BLOCK_N=block_n,
-                    BLOCK_T=block_t, LK=None, LV=None, MMA=None, LLOAD=None, STAGES=stages,
+                    BLOCK_T=block_t, LK=None, LV=None, MMA=None, LLOAD=None, STAGES=var.stages, KEYS=var.key_mode,
                 )  # fmt: skip
                 assert not ctx["copies"]["groups"] and not ctx["copies"]["open"], "the program left cp.async groups pending"
     part_o.copy_(torch.from_numpy(po).view(part_o.shape))
@@ -287,7 +296,7 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
 
     q_rot = oscar_rotate_q(q=q, rotation=cfg.rotation)
     part_o, part_lse, _, _ = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
-    run_stage1(pool, q_rot, g, part_o, part_lse, block_n, min(p, 32), sm, stages=G.gluon_variant(variant).stages)
+    run_stage1(pool, q_rot, g, part_o, part_lse, block_n, min(p, 32), sm, variant=variant)
     out = torch.empty(q.shape)
     kdecode.merge_launch(part_o, part_lse, out, rotation=cfg.rotation)
     err = rel_rms(out, reference_decode(pool, q, sm))
@@ -307,7 +316,7 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="regs1,cp2,cp3,cp4",
+    ap.add_argument("--variants", default="regs1,cp2,cp3,cp4,fold,magic",
                     help="keys of GLUON_VARIANTS (their streaming; register caps do not change the source)")
     variants = ap.parse_args().variants.split(",")
     res = []
