@@ -161,41 +161,42 @@ if gl is not None:
     )
 
     @gluon.jit
-    def _dequant_pairs(x, i, s_pk, o_pk, BITS: gl.constexpr):
-        """f16x2 (scale, offset) applied to the code pair at bit ``(i % J) * BITS`` of both 16-bit
-        halves of int32 ``x`` (``i >= J``: of the high bytes) -> the two fp16 values (low, high half)."""
+    def _pair_operands(x, i, BITS: gl.constexpr):
+        """For the code pair at bit ``(i % J) * BITS`` of both 16-bit halves of int32 ``x`` (``i >= J``:
+        of the high bytes): the shifted word, its f16x2 mask and the f16x2 magic ``2^(10 - bpos)``
+        whose mantissa the codes fill (LOP3 0xea)."""
         J: gl.constexpr = 8 // BITS
         QM: gl.constexpr = (1 << BITS) - 1
-        xs = x >> ((i // J) * 8)
         bpos = (i % J) * BITS
-        mask = (QM << bpos) * 65537
-        magic = ((25 - bpos) << 10) * 65537
+        return x >> ((i // J) * 8), (QM << bpos) * 65537, ((25 - bpos) << 10) * 65537
+
+    @gluon.jit
+    def _halves_f16(t):
+        """Int32 f16x2 -> its (low, high) fp16 halves."""
+        return (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True), (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
+
+    @gluon.jit
+    def _dequant_pairs(x, i, s_pk, o_pk, BITS: gl.constexpr):
+        """f16x2 (scale, offset) applied to the code pair at bit ``(i % J) * BITS`` of both 16-bit
+        halves of int32 ``x`` -> the two fp16 values (low, high half)."""
+        xs, mask, magic = _pair_operands(x, i, BITS)
         t = gl.inline_asm_elementwise(_PAIR_ASM, "=r,r,r,r,r,r", [xs, mask, magic, s_pk, o_pk], dtype=gl.int32,
                                       is_pure=True, pack=1)
-        lo = (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
-        hi = (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
-        return lo, hi
+        return _halves_f16(t)
 
     @gluon.jit
     def _code_pairs(x, i, BITS: gl.constexpr, EXACT: gl.constexpr):
         """The code pair at bit ``(i % J) * BITS`` of both halves of ``x`` as fp16 (low, high half):
         ``2^(10 - bpos) + code`` straight from the LOP3 (``EXACT`` False), or the exact codes
         (one more HSUB2)."""
-        J: gl.constexpr = 8 // BITS
-        QM: gl.constexpr = (1 << BITS) - 1
-        xs = x >> ((i // J) * 8)
-        bpos = (i % J) * BITS
-        mask = (QM << bpos) * 65537
-        magic = ((25 - bpos) << 10) * 65537
+        xs, mask, magic = _pair_operands(x, i, BITS)
         if EXACT:
             t = gl.inline_asm_elementwise("{\n.reg .b32 t;\nlop3.b32 t, $1, $2, $3, 0xea;\nsub.rn.f16x2 $0, t, $3;\n}",
                                           "=r,r,r,r", [xs, mask, magic], dtype=gl.int32, is_pure=True, pack=1)
         else:
             t = gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xea;", "=r,r,r,r", [xs, mask, magic],
                                           dtype=gl.int32, is_pure=True, pack=1)
-        lo = (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
-        hi = (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
-        return lo, hi
+        return _halves_f16(t)
 
     @gluon.jit
     def _pack_f16(a, b):

@@ -239,7 +239,7 @@ def kernel_functions(ctx):
     g["mma_v2"] = mma
     g["async_copy"] = make_async_copy(ctx)
     g["_PAIR_ASM"] = G._PAIR_ASM.value
-    names = ["_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_staging_tile", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
@@ -316,7 +316,7 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="regs1,cp2,cp3,cp4,fold,magic",
+    ap.add_argument("--variants", default="regs1,cp2,cp3,cp4,fold,cp3_magic",
                     help="keys of GLUON_VARIANTS (their streaming; register caps do not change the source)")
     variants = ap.parse_args().variants.split(",")
     res = []
