@@ -5,13 +5,15 @@ Needs Triton 3.6 (the H200's version; the Gluon API is experimental and changes 
 and torch; no GPU: ``triton.compile`` runs the whole pipeline to a cubin on the CPU, and the
 ``cuobjdump`` / ``nvdisasm`` shipped in the Triton wheel disassemble it. Run from the repo root:
 
-    PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--sass-dir DIR]
+    PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--variants all] [--sass-dir DIR]
 
-For each (bits, block_n, GQA group) it prints registers, stack, shared memory and local memory
-(spills) of the cubin, and per loop of the SASS (the sealed-tile loop, the open-page loop) the
-count of instructions, shared-memory instructions (STS / LDS / LDSM / STSM), shuffles, MMAs, global
-loads and the dequantization's LOP3 / HADD2 / HFMA2. The sealed-tile loop is meant to have no
-shared-memory instruction at all.
+For each (variant of ``GLUON_VARIANTS`` named by --variants, bits, block_n, GQA group) it prints
+registers, stack (spilled state), static and dynamic shared memory and local memory of the cubin,
+and per loop of the SASS (the sealed-tile loop, the open-page loop) the count of instructions,
+shared-memory instructions (STS / LDS / LDSM / STSM), cp.async (LDGSTS, its barriers), shuffles,
+MMAs, global loads and the dequantization's LOP3 / HADD2 / HFMA2. The register-prefetch variants'
+sealed-tile loop has no shared-memory instruction at all; the cp.async rings read each tile back
+with LDS.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     block_h = max(8, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
-                 BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
+                 BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode,
+                 **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
 
