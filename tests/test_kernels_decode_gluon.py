@@ -149,6 +149,8 @@ def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
     pool = build_pool(cfg, h=1, d=128, p=32, lens=[40], seed=7)
     with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=16"):
         _decode(pool, q, gluon=True, tune=dict(block_n=32))
+    with pytest.raises(ValueError, match="unknown Gluon stage-1 variant 'cp9'"):
+        _decode(pool, q, gluon=True, tune=dict(block_n=16, gluon_variant="cp9"))
     new = torch.zeros(1, 1, 128, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match="does not fuse the write"):
         _decode(pool, q, gluon=True, tune=dict(block_n=16), new_k=new, new_v=new, new_loc=torch.zeros(1, dtype=torch.int64, device=DEVICE),

@@ -484,6 +484,7 @@ def oscar_decode_attention(
             raise ValueError("the Gluon stage 1 (_tuning.gluon) does not fuse the write path: run oscar_write_kv first")
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
+        gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones
         reason = gluon_decode.gluon_available(q.device)
         if reason is not None:
             raise RuntimeError(reason)

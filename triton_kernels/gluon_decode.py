@@ -1,10 +1,12 @@
 """Decode stage 1 in Triton's Gluon dialect: explicit ``mma_v2`` operand layouts on layout v1 (issue 14
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
-NOT YET RUN ON A GPU. It compiles for sm_90 with Triton 3.6.0 (checked on a CPU-only machine,
-``triton.compile`` to a cubin); whether it computes the right values is what the ``gpu`` tests in
-tests/test_kernels_decode_gluon.py will tell. Opt-in only: ``oscar_decode_attention`` runs it when
-its private ``_tuning`` has ``gluon=True``, never by default.
+First run on a GPU (H100, Triton 3.6.0, commit a464603): its ``gpu`` tests in
+tests/test_kernels_decode_gluon.py pass, 0.92-1.17x the default kernel (design note). Opt-in only:
+``oscar_decode_attention`` runs it when its private ``_tuning`` has ``gluon=True``, never by
+default; ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed:
+register prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query),
+compiled but not yet timed (design note, section 8).
 
 Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, split
 ``num_splits`` takes the last page, one normalized partial and log-sum-exp per (request, query
