@@ -241,15 +241,18 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
     return {**t, "bytes": nbytes, "TBps": nbytes / (t["us"] * 1e-6) / 1e12}
 
 
-def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",)) -> dict:
+def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
+                waves: tuple[float, ...] = ()) -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
     the default decides); gluon = Gluon stage 1 + the merge launch with the inverse rotation. Also
     the Triton path with the separate merge launch (``fused_merge=False``), the Gluon path's launch
     structure. ``agree``: relative RMS of the Gluon output against the default's. ``variants``: the
-    Gluon stage-1 variants (``gluon_decode.GLUON_VARIANTS``), each its own column ``gluon:<name>``;
-    the first is also reported as ``gluon`` (its speedup and agreement)."""
+    Gluon stage-1 variants (``gluon_decode.GLUON_VARIANTS``), each its own column ``gluon:<name>``
+    at the default's split count, and ``gluon:<name>@w<W>`` at the split count of ``W`` programs
+    per SM for each of ``waves``; the first variant at the default splits is also reported as
+    ``gluon`` (its speedup and agreement)."""
     probe = OscarSetup(bits, batch, ctx, 1)
     per_call = probe.kv_bytes()
     del probe
@@ -260,21 +263,28 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call}
     outs = {}
-    res["variants"] = list(variants)
-    cols = [("default", default), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False))]
-    cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v)) for v in variants]
-    for name, tune in cols:
+    labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants]
+    res["variants"] = labels
+    cols = [("default", default, ws), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False), ws)]
+    cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v), ws) for v in variants]
+    for w in waves:
+        n = _dec.pick_num_splits(batch, H, waves=w)
+        res.setdefault("num_splits_by_waves", {})[f"{w:g}"] = n
+        ws_w = decode_workspace(batch, HQ, H, D, n, DEV)
+        cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w), ws_w)
+                 for v in variants]
+    for name, tune, wsc in cols:
         try:
-            st.call(0, tuning=tune, ws=ws, mode="qrot")()
+            st.call(0, tuning=tune, ws=wsc, mode="qrot")()
             torch.cuda.synchronize()
             outs[name] = st.out.clone()
-            t = time_calls([st.call(c, tuning=tune, ws=ws, mode="qrot") for c in range(copies)])
+            t = time_calls([st.call(c, tuning=tune, ws=wsc, mode="qrot") for c in range(copies)])
             res[name] = {**t, "TBps": per_call / (t["us"] * 1e-6) / 1e12}
             log(f"    {name:20s}: {t['us']:8.2f} us  {res[name]['TBps']:.2f} TB/s (KV bytes only)")
         except Exception as e:  # noqa: BLE001 - reported, the other variants still run
             res[name] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
             log(f"    {name}: FAILED {res[name]['error']}")
-    for v in variants:
+    for v in labels:
         k = f"gluon:{v}"
         if k in outs and "default" in outs:
             res.setdefault("agree_rel_rms_by_variant", {})[v] = rel_rms(outs[k], outs["default"])
@@ -754,6 +764,7 @@ def main() -> None:
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
+    ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
@@ -771,13 +782,17 @@ def main() -> None:
         for v in gvars:
             gluon_decode.gluon_variant(v)  # unknown names: ValueError before any device work
         meta["gluon_variants"] = list(gvars)
+        gwaves = tuple(float(w) for w in args.gluon_waves.split(",") if w)
+        if any(w <= 0 for w in gwaves):
+            raise ValueError(f"--gluon-waves must be positive programs per SM, got {args.gluon_waves}")
+        meta["gluon_waves"] = list(gwaves)
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
         for b, ctx in shapes:
             for bits in (2, 4):
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
-                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars))
+                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})
