@@ -86,6 +86,51 @@ def test_gluon_decode_split_counts_and_constant_groups(bits, nan_empty):
         assert rel_rms(o, outs[0]) < 1e-3
 
 
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("variant", [v for v in gluon_decode.GLUON_VARIANTS if v != gluon_decode.DEFAULT_GLUON_VARIANT])
+def test_gluon_variants_match_reference(variant, bits, nan_empty):
+    """Every stage-1 variant of the sweep (cp.async rings of 2-4 tiles, register caps, key params
+    folded into the query) against the
+    torch reference and the default variant: two layer shapes (32-token tiles at group 4, 16-token
+    tiles at group 8 / head scope) and split counts 1 and 16, so splits with fewer tiles than the
+    ring's depth (and empty ones) are covered."""
+    for shape, block_n in (("llama8b_32q8kv", 32), ("group8_head_scope", 16)):
+        h, g, p, lens, last_sealed, scope = _SHAPES[shape]
+        cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope)
+        pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
+                          device=torch.device("cuda"), seed=bits * 7 + block_n)
+        q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
+        ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
+        base = _decode(pool, q, gluon=True, out=torch.empty(q.shape, device="cuda"), tune=dict(block_n=block_n))
+        for n in (None, 1, 16):
+            tune = dict(block_n=block_n, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
+            out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
+            err = rel_rms(out, ref)
+            assert err < ATTN_BOUND_FP32_OUT, f"{variant} {shape} splits={n} vs reference: relative RMS {err:.2e}"
+            if n is None:  # same splits as regs1: the streaming alone changes nothing; folding the key
+                # params into the query rounds q * scale to fp16 instead of each key (the Triton bound)
+                bound = 1e-5 if gluon_decode.GLUON_VARIANTS[variant].keys == "dequant" else 1e-3
+                assert rel_rms(out, base) < bound, f"{variant} vs regs1: relative RMS {rel_rms(out, base):.2e}"
+
+
+def test_gluon_variants_are_checked(nan_empty):
+    """The sweep's variant names and knobs: unknown names and out-of-range knobs are refused with
+    the allowed values, before any launch (so also where Gluon cannot run)."""
+    assert gluon_decode.DEFAULT_GLUON_VARIANT == "regs1" and gluon_decode.GLUON_VARIANTS["regs1"].stages == 0
+    assert {v.stages for v in gluon_decode.GLUON_VARIANTS.values()} == {0, 2, 3, 4}
+    with pytest.raises(ValueError, match="unknown Gluon stage-1 variant 'cp9'; known: regs1"):
+        gluon_decode.gluon_variant("cp9")
+    with pytest.raises(ValueError, match="stages must be 0 .* or 2..4"):
+        gluon_decode.GluonVariant("x", stages=1)
+    with pytest.raises(ValueError, match="keys must be one of dequant, fold, magic, got 'free'"):
+        gluon_decode.GluonVariant("x", keys="free")
+    with pytest.raises(ValueError, match="maxnreg must be in \\[24, 255\\]"):
+        gluon_decode.GluonVariant("x", maxnreg=300)
+    assert kdecode._DecodeTuning(32, 32, 1, True, 1.0).gluon_variant == "regs1"
+
+
 def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
     """Clear errors before any launch (so also where Gluon cannot run): the fused write, head dims
     whose fragments would split a code word, value groups narrower than a lane's channels, tiles
@@ -104,6 +149,8 @@ def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
     pool = build_pool(cfg, h=1, d=128, p=32, lens=[40], seed=7)
     with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=16"):
         _decode(pool, q, gluon=True, tune=dict(block_n=32))
+    with pytest.raises(ValueError, match="unknown Gluon stage-1 variant 'cp9'"):
+        _decode(pool, q, gluon=True, tune=dict(block_n=16, gluon_variant="cp9"))
     new = torch.zeros(1, 1, 128, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match="does not fuse the write"):
         _decode(pool, q, gluon=True, tune=dict(block_n=16), new_k=new, new_v=new, new_loc=torch.zeros(1, dtype=torch.int64, device=DEVICE),

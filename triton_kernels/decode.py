@@ -363,6 +363,8 @@ class _DecodeTuning:
             ``num_splits`` as above, the other launch options ignored; the query rotation and the
             merge (with the inverse rotation) are separate launches and the write is refused.
             Never the default.
+        gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
+            ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
     """
 
     block_n: int
@@ -375,6 +377,7 @@ class _DecodeTuning:
     num_splits: int | None = None
     fused_merge: bool | None = None
     gluon: bool = False
+    gluon_variant: str = "regs1"
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
@@ -481,6 +484,7 @@ def oscar_decode_attention(
             raise ValueError("the Gluon stage 1 (_tuning.gluon) does not fuse the write path: run oscar_write_kv first")
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
+        gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones
         reason = gluon_decode.gluon_available(q.device)
         if reason is not None:
             raise RuntimeError(reason)
@@ -508,7 +512,8 @@ def oscar_decode_attention(
             q_rot = oscar_rotate_q(q=q, rotation=layer.rotation, out=q_scratch)
         gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=pool_arguments(layer), group=group, kv_indptr=kv_indptr,
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
-                                         part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t)
+                                         part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
+                                         variant=tune.gluon_variant)
         merge_launch(part_o, part_lse, out, rotation=layer.rotation)
         return out
     block_g = triton.next_power_of_2(group)

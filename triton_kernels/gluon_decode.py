@@ -1,10 +1,12 @@
 """Decode stage 1 in Triton's Gluon dialect: explicit ``mma_v2`` operand layouts on layout v1 (issue 14
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
-NOT YET RUN ON A GPU. It compiles for sm_90 with Triton 3.6.0 (checked on a CPU-only machine,
-``triton.compile`` to a cubin); whether it computes the right values is what the ``gpu`` tests in
-tests/test_kernels_decode_gluon.py will tell. Opt-in only: ``oscar_decode_attention`` runs it when
-its private ``_tuning`` has ``gluon=True``, never by default.
+First run on a GPU (H100, Triton 3.6.0, commit a464603): its ``gpu`` tests in
+tests/test_kernels_decode_gluon.py pass, 0.92-1.17x the default kernel (design note). Opt-in only:
+``oscar_decode_attention`` runs it when its private ``_tuning`` has ``gluon=True``, never by
+default; ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed:
+register prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query),
+compiled but not yet timed (design note, section 8).
 
 Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, split
 ``num_splits`` takes the last page, one normalized partial and log-sum-exp per (request, query
@@ -33,18 +35,89 @@ layout is then register-only (checked in the compiled sm_90 code: see the design
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 try:  # Gluon is experimental: absent, or with another API, on other Triton versions (CPU CI has 3.8)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     GLUON_IMPORT_ERROR: str | None = None
 except Exception as exc:  # noqa: BLE001 - any failure means: no Gluon path here
-    gluon = gl = mma_v2 = None
+    gluon = gl = mma_v2 = async_copy = None
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class GluonVariant:
+    """How the Gluon stage 1 streams its sealed tiles (never what it computes); ``GLUON_VARIANTS``
+    names the ones a GPU sweep times (``bench_decode.py --gluon --gluon-variants``).
+
+    Attributes:
+        name: the key in ``GLUON_VARIANTS`` (a column of the sweep).
+        stages: 0: the next tile's bytes prefetched into registers (the first kernel, "regs1");
+            2..4: a cp.async ring of ``stages`` tiles in shared memory for the code words, key
+            params and token scales (``stages - 1`` tiles in flight during a tile's math), each lane
+            reading back exactly the bytes it copied (same layout on both sides, unswizzled, so a
+            lane's 8/16-byte words stay contiguous); the value params (2-byte per lane: below
+            cp.async's 4-byte minimum) stay one tile ahead in registers.
+        maxnreg: register cap per thread (None: the compiler's choice; 230 at INT2), to fit more
+            one-warp programs per SM (65536 / (32 * maxnreg) warps).
+        keys: how the key tile meets the query. ``"dequant"``: codes * scale + offset in fp16
+            (LOP3 + HSUB2 + HFMA2 per pair; the first kernel). ``"fold"``: the per-channel key
+            (scale, offset) are constant over a tile (G_K a multiple of BLOCK_N), so
+            ``K q = sum_c (q_c s_c) code_c + sum_c q_c o_c``: the MMA takes the exact codes (LOP3 +
+            HSUB2) and the query scaled once per tile (fp16 ``q' = q * s``), plus the fp32 per-head
+            ``q . o``. ``"magic"``: the MMA takes ``2^(10-b) + code`` as the LOP3 makes it (no HSUB2)
+            and the per-head term also subtracts ``q' . 2^(10-b)`` (fp32; larger cancellation).
+    """
+
+    name: str
+    stages: int = 0
+    maxnreg: int | None = None
+    keys: str = "dequant"
+
+    @property
+    def key_mode(self) -> int:
+        """The kernel's ``KEYS`` constexpr."""
+        return _KEY_MODES.index(self.keys)
+
+    def __post_init__(self):
+        if self.stages not in (0, 2, 3, 4):
+            raise ValueError(f"GluonVariant.stages must be 0 (register prefetch) or 2..4 (cp.async ring), got {self.stages}")
+        if self.keys not in _KEY_MODES:
+            raise ValueError(f"GluonVariant.keys must be one of {', '.join(_KEY_MODES)}, got {self.keys!r}")
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"GluonVariant.maxnreg must be in [24, 255] or None, got {self.maxnreg}")
+
+
+_KEY_MODES = ("dequant", "fold", "magic")  # the KEYS constexpr of the kernel: 0, 1, 2
+
+GLUON_VARIANTS: dict[str, GluonVariant] = {
+    v.name: v
+    for v in (
+        GluonVariant("regs1"),
+        GluonVariant("regs1_r168", maxnreg=168),
+        GluonVariant("cp2", stages=2),
+        GluonVariant("cp3", stages=3),
+        GluonVariant("cp4", stages=4),
+        GluonVariant("cp3_r168", stages=3, maxnreg=168),
+        GluonVariant("cp4_r128", stages=4, maxnreg=128),
+        GluonVariant("fold", keys="fold"),
+        GluonVariant("cp3_fold", stages=3, keys="fold"),
+        GluonVariant("cp3_magic", stages=3, keys="magic"),
+    )
+}
+DEFAULT_GLUON_VARIANT = "regs1"
+
+
+def gluon_variant(name: str) -> GluonVariant:
+    """The registered variant ``name`` (ValueError naming the known ones otherwise)."""
+    if name not in GLUON_VARIANTS:
+        raise ValueError(f"unknown Gluon stage-1 variant {name!r}; known: {', '.join(GLUON_VARIANTS)}")
+    return GLUON_VARIANTS[name]
 
 
 def gluon_available(device: torch.device | None = None) -> str | None:
@@ -90,20 +163,42 @@ if gl is not None:
     )
 
     @gluon.jit
-    def _dequant_pairs(x, i, s_pk, o_pk, BITS: gl.constexpr):
-        """f16x2 (scale, offset) applied to the code pair at bit ``(i % J) * BITS`` of both 16-bit
-        halves of int32 ``x`` (``i >= J``: of the high bytes) -> the two fp16 values (low, high half)."""
+    def _pair_operands(x, i, BITS: gl.constexpr):
+        """For the code pair at bit ``(i % J) * BITS`` of both 16-bit halves of int32 ``x`` (``i >= J``:
+        of the high bytes): the shifted word, its f16x2 mask and the f16x2 magic ``2^(10 - bpos)``
+        whose mantissa the codes fill (LOP3 0xea)."""
         J: gl.constexpr = 8 // BITS
         QM: gl.constexpr = (1 << BITS) - 1
-        xs = x >> ((i // J) * 8)
         bpos = (i % J) * BITS
-        mask = (QM << bpos) * 65537
-        magic = ((25 - bpos) << 10) * 65537
+        return x >> ((i // J) * 8), (QM << bpos) * 65537, ((25 - bpos) << 10) * 65537
+
+    @gluon.jit
+    def _halves_f16(t):
+        """Int32 f16x2 -> its (low, high) fp16 halves."""
+        return (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True), (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
+
+    @gluon.jit
+    def _dequant_pairs(x, i, s_pk, o_pk, BITS: gl.constexpr):
+        """f16x2 (scale, offset) applied to the code pair at bit ``(i % J) * BITS`` of both 16-bit
+        halves of int32 ``x`` -> the two fp16 values (low, high half)."""
+        xs, mask, magic = _pair_operands(x, i, BITS)
         t = gl.inline_asm_elementwise(_PAIR_ASM, "=r,r,r,r,r,r", [xs, mask, magic, s_pk, o_pk], dtype=gl.int32,
                                       is_pure=True, pack=1)
-        lo = (t & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
-        hi = (t >> 16).to(gl.int16).to(gl.float16, bitcast=True)
-        return lo, hi
+        return _halves_f16(t)
+
+    @gluon.jit
+    def _code_pairs(x, i, BITS: gl.constexpr, EXACT: gl.constexpr):
+        """The code pair at bit ``(i % J) * BITS`` of both halves of ``x`` as fp16 (low, high half):
+        ``2^(10 - bpos) + code`` straight from the LOP3 (``EXACT`` False), or the exact codes
+        (one more HSUB2)."""
+        xs, mask, magic = _pair_operands(x, i, BITS)
+        if EXACT:
+            t = gl.inline_asm_elementwise("{\n.reg .b32 t;\nlop3.b32 t, $1, $2, $3, 0xea;\nsub.rn.f16x2 $0, t, $3;\n}",
+                                          "=r,r,r,r", [xs, mask, magic], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            t = gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xea;", "=r,r,r,r", [xs, mask, magic],
+                                          dtype=gl.int32, is_pure=True, pack=1)
+        return _halves_f16(t)
 
     @gluon.jit
     def _pack_f16(a, b):
@@ -123,20 +218,17 @@ if gl is not None:
         return lo, hi
 
     @gluon.jit
-    def _tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr,
-                  BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr,
-                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr):
-        """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head
-        ``i_h``), each lane loading exactly the words and params its operand registers use:
-        key words ``[BLOCK_N, WPL, 4]``, key (scale, offset) halves ``[WPL, HALF, 4]`` x 2 x 2, s_t
-        ``[BLOCK_N]``, value words of the even / odd tokens ``[WPLV, 8, BLOCK_N/2]``, value params
-        of the even / odd tokens ``[8, BLOCK_N/2]`` x 2 x 2."""
+    def _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
+                   P: gl.constexpr, G_K: gl.constexpr, BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr):
+        """The addresses of the wide part of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page``
+        (KV head ``i_h``), in the layouts whose lanes use them: key words ``[BLOCK_N, WPL, 4]``, key
+        (scale, offset) halves ``[WPL, HALF, 4]`` x 2 x 2, value words of the even / odd tokens
+        ``[WPLV, 8, BLOCK_N/2]``."""
         W: gl.constexpr = D * BITS // 32
         CPW: gl.constexpr = 32 // BITS
         HALF: gl.constexpr = 16 // BITS
         WPL: gl.constexpr = W // 4
         WPLV: gl.constexpr = W // 8
-        NG: gl.constexpr = D // G_V
         NP: gl.constexpr = BLOCK_N // 2
         row0 = (page * H + i_h) * P + t0  # first token row of the tile (int64)
 
@@ -146,7 +238,7 @@ if gl is not None:
         o_wi = gl.arange(0, WPL, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW)))
         o_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW)))
         off_k = (o_m[:, None, None] * W + o_t[None, None, :] * WPL + o_wi[None, :, None]).to(gl.int32)
-        kw = gl.load(kw_ptr + row0 * W + off_k)
+        kw_p = kw_ptr + row0 * W + off_k
 
         # key params of the tile's group: [WPL, HALF, 4] for channel t*D/4 + wi*CPW + e*HALF + i
         LKP: gl.constexpr = gl.SliceLayout(0, LK)
@@ -155,17 +247,6 @@ if gl is not None:
         p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKP)))
         c0 = p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW + p_i[None, :, None]
         kp_base = kp_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * (2 * D)
-        ks0 = gl.load(kp_base + c0)
-        ks1 = gl.load(kp_base + c0 + HALF)
-        ko0 = gl.load(kp_base + D + c0)
-        ko1 = gl.load(kp_base + D + c0 + HALF)
-
-        # token scales, in the layout of the logits' rows
-        o_s = gl.arange(0, BLOCK_N, layout=LS)
-        if S > 0:
-            st = gl.load(scale_ptr + (page * P + t0 + o_s) * S + s_col)
-        else:
-            st = gl.full([BLOCK_N], 1.0, gl.float32, LS)
 
         # values: words of tokens 2tp / 2tp + 1 [WPLV, 8, NP], channels g*D/8 + wv*CPW + ...
         LVW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LV))
@@ -173,11 +254,24 @@ if gl is not None:
         v_g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, LVW)))
         v_tp = gl.arange(0, NP, layout=gl.SliceLayout(0, gl.SliceLayout(1, LVW)))
         off_v = ((2 * v_tp[None, None, :]) * W + v_g[None, :, None] * WPLV + v_wv[:, None, None]).to(gl.int32)
-        vw0 = gl.load(vw_ptr + row0 * W + off_v)
-        vw1 = gl.load(vw_ptr + row0 * W + W + off_v)
+        vw0_p = vw_ptr + row0 * W + off_v
+        return kw_p, kp_base + c0, kp_base + c0 + HALF, kp_base + D + c0, kp_base + D + c0 + HALF, vw0_p, vw0_p + W
 
-        # value params of the lane's group, both tokens of a pair: [8, NP]
-        LVP: gl.constexpr = gl.SliceLayout(0, LVW)
+    @gluon.jit
+    def _tile_small(page, t0, i_h, s_col, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr, P: gl.constexpr,
+                    G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr):
+        """The narrow part of the tile: token scales s_t ``[BLOCK_N]`` (the logits' rows) and the value
+        params of the lane's group for the even / odd tokens of each pair ``[8, BLOCK_N/2]`` x 2 x 2
+        (2-byte loads: below cp.async's minimum, so always loaded into registers)."""
+        NG: gl.constexpr = D // G_V
+        NP: gl.constexpr = BLOCK_N // 2
+        row0 = (page * H + i_h) * P + t0
+        o_s = gl.arange(0, BLOCK_N, layout=LS)
+        if S > 0:
+            st = gl.load(scale_ptr + (page * P + t0 + o_s) * S + s_col)
+        else:
+            st = gl.full([BLOCK_N], 1.0, gl.float32, LS)
+        LVP: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LV)))
         q_g = gl.arange(0, 8, layout=gl.SliceLayout(1, LVP))
         q_tp = gl.arange(0, NP, layout=gl.SliceLayout(0, LVP))
         off_p = ((2 * q_tp[None, :]) * (2 * NG) + (q_g[:, None] * (D // 8)) // G_V).to(gl.int32)
@@ -186,12 +280,64 @@ if gl is not None:
         vs1 = gl.load(vp_base + 2 * NG + off_p)
         vo0 = gl.load(vp_base + NG + off_p)
         vo1 = gl.load(vp_base + 3 * NG + off_p)
+        return st, vs0, vs1, vo0, vo1
+
+    @gluon.jit
+    def _tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr,
+                  BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr,
+                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr):
+        """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head
+        ``i_h``) in registers, each lane loading exactly the words and params its operand registers
+        use (``_tile_ptrs`` and ``_tile_small``)."""
+        kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
+                                                                     G_K, BLOCK_N, LK, LV)
+        kw = gl.load(kw_p)
+        ks0 = gl.load(ks0_p)
+        ks1 = gl.load(ks1_p)
+        ko0 = gl.load(ko0_p)
+        ko1 = gl.load(ko1_p)
+        st, vs0, vs1, vo0, vo1 = _tile_small(page, t0, i_h, s_col, vp_ptr, scale_ptr, H, D, P, G_V, S, BLOCK_N, LV, LS)
+        vw0 = gl.load(vw0_p)
+        vw1 = gl.load(vw1_p)
         return kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1
+
+    @gluon.jit
+    def _tile_issue(slot, page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, kw_s, ks0_s, ks1_s, ko0_s, ko1_s, vw0_s, vw1_s,
+                    H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr,
+                    BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr):
+        """cp.async of the tile's wide part (``_tile_ptrs``) into ring slot ``slot``, one commit group.
+        The shared buffers have the pointer tensors' shapes and layouts matching their global order,
+        so the lane that reads an element back (``_tile_smem``) reads the contiguous words it needs."""
+        kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
+                                                                     G_K, BLOCK_N, LK, LV)
+        async_copy.async_copy_global_to_shared(kw_s.index(slot), kw_p)
+        async_copy.async_copy_global_to_shared(ks0_s.index(slot), ks0_p)
+        async_copy.async_copy_global_to_shared(ks1_s.index(slot), ks1_p)
+        async_copy.async_copy_global_to_shared(ko0_s.index(slot), ko0_p)
+        async_copy.async_copy_global_to_shared(ko1_s.index(slot), ko1_p)
+        async_copy.async_copy_global_to_shared(vw0_s.index(slot), vw0_p)
+        async_copy.async_copy_global_to_shared(vw1_s.index(slot), vw1_p)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _tile_smem(slot, kw_s, ks0_s, ks1_s, ko0_s, ko1_s, vw0_s, vw1_s, LK: gl.constexpr, LV: gl.constexpr):
+        """The wide part of the tile in ring slot ``slot``, read back in the operand-domain layouts."""
+        LKW: gl.constexpr = gl.SliceLayout(2, LK)
+        LKP: gl.constexpr = gl.SliceLayout(0, LK)
+        LVW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LV))
+        kw = kw_s.index(slot).load(LKW)
+        ks0 = ks0_s.index(slot).load(LKP)
+        ks1 = ks1_s.index(slot).load(LKP)
+        ko0 = ko0_s.index(slot).load(LKP)
+        ko1 = ko1_s.index(slot).load(LKP)
+        vw0 = vw0_s.index(slot).load(LVW)
+        vw1 = vw1_s.index(slot).load(LVW)
+        return kw, ks0, ks1, ko0, ko1, vw0, vw1
 
     @gluon.jit
     def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr):
+                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands."""
         HALF: gl.constexpr = 16 // BITS
@@ -206,16 +352,32 @@ if gl is not None:
         k_i = gl.arange(0, HALF, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LK))))
         k_i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k_i, 0), 1), 3)  # [1, 1, HALF, 1]
         x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
-        s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
-        o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
         x4, k_i4 = gl.broadcast(x4, k_i4)
-        x4, s_pk = gl.broadcast(x4, s_pk)
-        x4, o_pk = gl.broadcast(x4, o_pk)
-        k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
-        b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
-        b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
-
-        b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
+        if KEYS == 0:  # dequantized keys
+            s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
+            o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
+            x4, s_pk = gl.broadcast(x4, s_pk)
+            x4, o_pk = gl.broadcast(x4, o_pk)
+            k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
+            b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
+            b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
+            b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
+        else:  # codes into the MMA, (scale, offset) folded into the query and a per-head term
+            k_lo, k_hi = _code_pairs(x4, k_i4, BITS, KEYS == 1)
+            b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
+            b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
+            LQK: gl.constexpr = gl.SliceLayout(1, B_OP)  # the k positions of the query operand
+            s_k = gl.convert_layout(gl.reshape(gl.join(ks0, ks1), [D]), LQK)  # position p = e + 2t + 8(wi*HALF + i)
+            o_k = gl.convert_layout(gl.reshape(gl.join(ko0, ko1), [D]), LQK)
+            b_qs = b_q * s_k[:, None]  # fp16 q' = q * scale, once per tile
+            corr = b_q.to(gl.float32) * o_k.to(gl.float32)[:, None]
+            if KEYS == 2:  # the MMA saw 2^(10 - bpos) + code: take q' . 2^(10 - bpos) back out
+                J: gl.constexpr = 8 // BITS
+                p_k = gl.arange(0, D, layout=LQK)
+                mag = (gl.full([D], 1, gl.int32, LQK) << (10 - ((p_k // 8) % HALF % J) * BITS)).to(gl.float32)
+                corr = corr - b_qs.to(gl.float32) * mag[:, None]
+            corr = gl.convert_layout(gl.sum(corr, axis=0), gl.SliceLayout(0, MMA))
+            b_s = mma_v2(b_k, b_qs, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA)) + corr[None, :]
         b_s = b_s * (st * sm_scale_log2)[:, None]
         m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
         alpha = gl.exp2(m_i - m_new)
@@ -306,6 +468,7 @@ if gl is not None:
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
+        STAGES: gl.constexpr, KEYS: gl.constexpr,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -360,19 +523,60 @@ if gl is not None:
         b_q = gl.convert_layout(b_q.to(gl.float16), B_OP)
         LS: gl.constexpr = gl.SliceLayout(1, MMA)
         pg_idx = page_idx_ptr + kv_start
-        if t_lo < t_hi:
-            page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
-            raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
-            for it in range(t_lo, t_hi):
-                nxt = gl.minimum(it + 1, t_hi - 1)  # the last tile re-loads itself (never read past the end)
-                page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
-                raw_n = _tile_raw(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
-                                  scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
-                kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
-                m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc,
-                                        sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA)
-                raw = raw_n
+        if STAGES == 0:  # "regs1": the next tile's bytes in registers
+            if t_lo < t_hi:
+                page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
+                raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
+                for it in range(t_lo, t_hi):
+                    nxt = gl.minimum(it + 1, t_hi - 1)  # the last tile re-loads itself (never read past the end)
+                    page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
+                    raw_n = _tile_raw(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
+                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
+                    kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
+                    m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS)
+                    raw = raw_n
+        else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
+            W: gl.constexpr = D * BITS // 32
+            SL3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 2, 0])  # [(S,) BLOCK_N, WPL, 4]: m*W + t*WPL + wi
+            SLP: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0, 2])  # [(S,) WPL, HALF, 4]: t*D/4 + wi*CPW + i
+            SLV: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 2])  # [(S,) WPLV, 8, NP]: 2tp*W + g*WPLV + wv
+            kw_s = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, W // 4, 4], SL3)
+            ks0_s = gl.allocate_shared_memory(gl.float16, [STAGES, W // 4, 16 // BITS, 4], SLP)
+            ks1_s = gl.allocate_shared_memory(gl.float16, [STAGES, W // 4, 16 // BITS, 4], SLP)
+            ko0_s = gl.allocate_shared_memory(gl.float16, [STAGES, W // 4, 16 // BITS, 4], SLP)
+            ko1_s = gl.allocate_shared_memory(gl.float16, [STAGES, W // 4, 16 // BITS, 4], SLP)
+            vw0_s = gl.allocate_shared_memory(gl.int32, [STAGES, W // 8, 8, BLOCK_N // 2], SLV)
+            vw1_s = gl.allocate_shared_memory(gl.int32, [STAGES, W // 8, 8, BLOCK_N // 2], SLV)
+            if t_lo < t_hi:
+                for j in gl.static_range(STAGES - 1):  # prologue: tiles t_lo .. t_lo + STAGES - 2 (clamped)
+                    tj = gl.minimum(t_lo + j, t_hi - 1)
+                    page_j = gl.load(pg_idx + tj // TPP).to(gl.int64)
+                    _tile_issue(j, page_j, (tj % TPP) * BLOCK_N, i_h, kw_ptr, kp_ptr, vw_ptr, kw_s, ks0_s, ks1_s, ko0_s,
+                                ko1_s, vw0_s, vw1_s, H, D, BITS, P, G_K, BLOCK_N, LK, LV)
+                page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
+                small = _tile_small(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, vp_ptr, scale_ptr, H, D, P, G_V, S,
+                                    BLOCK_N, LV, LS)
+                for it in range(t_lo, t_hi):
+                    k = it - t_lo
+                    async_copy.wait_group(STAGES - 2)  # tile it's group has landed
+                    gl.thread_barrier()  # ... for every lane, and slot (k - 1) % STAGES is read by all
+                    kw, ks0, ks1, ko0, ko1, vw0, vw1 = _tile_smem(k % STAGES, kw_s, ks0_s, ks1_s, ko0_s, ko1_s, vw0_s,
+                                                                  vw1_s, LK, LV)
+                    nx = gl.minimum(it + STAGES - 1, t_hi - 1)  # the last tile re-copies itself
+                    page_x = gl.load(pg_idx + nx // TPP).to(gl.int64)
+                    _tile_issue((k + STAGES - 1) % STAGES, page_x, (nx % TPP) * BLOCK_N, i_h, kw_ptr, kp_ptr, vw_ptr,
+                                kw_s, ks0_s, ks1_s, ko0_s, ko1_s, vw0_s, vw1_s, H, D, BITS, P, G_K, BLOCK_N, LK, LV)
+                    nxt = gl.minimum(it + 1, t_hi - 1)
+                    page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
+                    small_n = _tile_small(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, vp_ptr, scale_ptr, H, D, P, G_V,
+                                          S, BLOCK_N, LV, LS)
+                    st, vs0, vs1, vo0, vo1 = small
+                    m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS)
+                    small = small_n
+                async_copy.wait_group(0)
 
         # normalized partial (rotated basis) and log-sum-exp; empty split: lse = -inf, zero partial
         has = l_i > 0.0
@@ -405,10 +609,13 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
 
 def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], group: int, kv_indptr: torch.Tensor,
                         kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
-                        part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int) -> None:
+                        part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int,
+                        variant: str = DEFAULT_GLUON_VARIANT) -> None:
     """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
     page): rotated-basis partials and log-sum-exps into ``part_o`` / ``part_lse``. The caller
-    (``oscar_decode_attention``) has checked the inputs; the shape limits are ``check_gluon_shape``'s."""
+    (``oscar_decode_attention``) has checked the inputs; the shape limits are ``check_gluon_shape``'s.
+    ``variant``: a key of ``GLUON_VARIANTS`` (how tiles are streamed; same results)."""
+    var = gluon_variant(variant)
     reason = gluon_available(q_rot.device)
     if reason is not None:
         raise RuntimeError(reason)
@@ -424,7 +631,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,
         part_lse_ptr=part_lse, sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
-        BLOCK_N=block_n, BLOCK_T=block_t,
+        BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode,
         **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
-        num_warps=1,
+        num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
     )  # fmt: skip

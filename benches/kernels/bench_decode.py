@@ -241,13 +241,18 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
     return {**t, "bytes": nbytes, "TBps": nbytes / (t["us"] * 1e-6) / 1e12}
 
 
-def bench_gluon(bits: int, batch: int, ctx: int, budget: float) -> dict:
+def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
+                waves: tuple[float, ...] = ()) -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
     the default decides); gluon = Gluon stage 1 + the merge launch with the inverse rotation. Also
     the Triton path with the separate merge launch (``fused_merge=False``), the Gluon path's launch
-    structure. ``agree``: relative RMS of the Gluon output against the default's."""
+    structure. ``agree``: relative RMS of the Gluon output against the default's. ``variants``: the
+    Gluon stage-1 variants (``gluon_decode.GLUON_VARIANTS``), each its own column ``gluon:<name>``
+    at the default's split count, and ``gluon:<name>@w<W>`` at the split count of ``W`` programs
+    per SM for each of ``waves``; the first variant at the default splits is also reported as
+    ``gluon`` (its speedup and agreement)."""
     probe = OscarSetup(bits, batch, ctx, 1)
     per_call = probe.kv_bytes()
     del probe
@@ -258,39 +263,66 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float) -> dict:
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call}
     outs = {}
-    for name, tune in (("default", default), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False)),
-                       ("gluon", dataclasses.replace(default, gluon=True))):
+    labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants]
+    res["variants"] = labels
+    cols = [("default", default, ws), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False), ws)]
+    cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v), ws) for v in variants]
+    for w in waves:
+        n = _dec.pick_num_splits(batch, H, waves=w)
+        res.setdefault("num_splits_by_waves", {})[f"{w:g}"] = n
+        ws_w = decode_workspace(batch, HQ, H, D, n, DEV)
+        cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w), ws_w)
+                 for v in variants]
+    for name, tune, wsc in cols:
         try:
-            st.call(0, tuning=tune, ws=ws, mode="qrot")()
+            st.call(0, tuning=tune, ws=wsc, mode="qrot")()
             torch.cuda.synchronize()
             outs[name] = st.out.clone()
-            t = time_calls([st.call(c, tuning=tune, ws=ws, mode="qrot") for c in range(copies)])
+            t = time_calls([st.call(c, tuning=tune, ws=wsc, mode="qrot") for c in range(copies)])
             res[name] = {**t, "TBps": per_call / (t["us"] * 1e-6) / 1e12}
             log(f"    {name:20s}: {t['us']:8.2f} us  {res[name]['TBps']:.2f} TB/s (KV bytes only)")
         except Exception as e:  # noqa: BLE001 - reported, the other variants still run
             res[name] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
             log(f"    {name}: FAILED {res[name]['error']}")
-    if "gluon" in outs and "default" in outs:
-        res["agree_rel_rms"] = rel_rms(outs["gluon"], outs["default"])
-        log(f"    gluon vs default: relative RMS {res['agree_rel_rms']:.2e}")
-    if "us" in res.get("gluon", {}) and "us" in res.get("default", {}):
-        res["speedup_vs_default"] = res["default"]["us"] / res["gluon"]["us"]
+    for v in labels:
+        k = f"gluon:{v}"
+        if k in outs and "default" in outs:
+            res.setdefault("agree_rel_rms_by_variant", {})[v] = rel_rms(outs[k], outs["default"])
+            log(f"    {k} vs default: relative RMS {res['agree_rel_rms_by_variant'][v]:.2e}")
+        if "us" in res.get(k, {}) and "us" in res.get("default", {}):
+            res.setdefault("speedup_by_variant", {})[v] = res["default"]["us"] / res[k]["us"]
+    first = f"gluon:{variants[0]}"
+    res["gluon"] = res.get(first, {})
+    if variants[0] in res.get("agree_rel_rms_by_variant", {}):
+        res["agree_rel_rms"] = res["agree_rel_rms_by_variant"][variants[0]]
+    if variants[0] in res.get("speedup_by_variant", {}):
+        res["speedup_vs_default"] = res["speedup_by_variant"][variants[0]]
     del st
     torch.cuda.empty_cache()
     return res
 
 
 def gluon_markdown(rows: list[dict], meta: dict) -> str:
-    out = [f"Gluon stage 1 vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
+    """Times per shape: default, Triton + merge launch, and one column per Gluon variant (us and
+    "x default" = default / variant); then the worst agreement with the default over the variants."""
+    variants = next((r["variants"] for r in rows if "variants" in r), ["regs1"])
+    head = " | ".join(f"{v} us (x default)" for v in variants)
+    out = [f"Gluon stage 1 variants vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
            f"{meta['date']}); queries rotated beforehand, no write; times in us (CUDA graphs over distinct KV copies).", "",
-           "| B | ctx | bits | default us | Triton + merge launch us | Gluon us | x default | agree (rel RMS) |",
-           "|---|---|---|---|---|---|---|---|"]
+           f"| B | ctx | bits | default us | Triton + merge launch us | {head} | best | max rel RMS vs default |",
+           "|---|---|---|---|---|" + "---|" * len(variants) + "---|---|"]
     for r in rows:
         def us(k):
             return f"{r[k]['us']:.1f}" if "us" in r.get(k, {}) else "failed"
-        sp = f"{r['speedup_vs_default']:.2f}" if "speedup_vs_default" in r else "-"
-        ag = f"{r['agree_rel_rms']:.1e}" if "agree_rel_rms" in r else "-"
-        out.append(f"| {r['batch']} | {r['ctx']} | {r['bits']} | {us('default')} | {us('triton_merge_launch')} | {us('gluon')} | {sp} | {ag} |")
+        cells = []
+        for v in variants:
+            sp = r.get("speedup_by_variant", {}).get(v)
+            cells.append(f"{us('gluon:' + v)} ({sp:.2f})" if sp is not None else us("gluon:" + v))
+        sps = r.get("speedup_by_variant", {})
+        best = max(sps, key=sps.get) if sps else "-"
+        ags = r.get("agree_rel_rms_by_variant", {})
+        ag = f"{max(ags.values()):.1e}" if ags else "-"
+        out.append(f"| {r['batch']} | {r['ctx']} | {r['bits']} | {us('default')} | {us('triton_merge_launch')} | {' | '.join(cells)} | {best} | {ag} |")
     return "\n".join(out) + "\n"
 
 
@@ -731,6 +763,8 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
+    ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
+    ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
@@ -742,13 +776,23 @@ def main() -> None:
     }  # fmt: skip
     log("meta", json.dumps(meta))
     if args.gluon:
+        from oscar_sgl.kernels import gluon_decode
+
+        gvars = tuple(gluon_decode.GLUON_VARIANTS) if args.gluon_variants == "all" else tuple(args.gluon_variants.split(","))
+        for v in gvars:
+            gluon_decode.gluon_variant(v)  # unknown names: ValueError before any device work
+        meta["gluon_variants"] = list(gvars)
+        gwaves = tuple(float(w) for w in args.gluon_waves.split(",") if w)
+        if any(w <= 0 for w in gwaves):
+            raise ValueError(f"--gluon-waves must be positive programs per SM, got {args.gluon_waves}")
+        meta["gluon_waves"] = list(gwaves)
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
         for b, ctx in shapes:
             for bits in (2, 4):
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
-                    rows.append(bench_gluon(bits, b, ctx, 24e9))
+                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})

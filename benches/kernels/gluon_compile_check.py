@@ -5,13 +5,15 @@ Needs Triton 3.6 (the H200's version; the Gluon API is experimental and changes 
 and torch; no GPU: ``triton.compile`` runs the whole pipeline to a cubin on the CPU, and the
 ``cuobjdump`` / ``nvdisasm`` shipped in the Triton wheel disassemble it. Run from the repo root:
 
-    PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--sass-dir DIR]
+    PYTHONPATH=python python benches/kernels/gluon_compile_check.py [--variants all] [--sass-dir DIR]
 
-For each (bits, block_n, GQA group) it prints registers, stack, shared memory and local memory
-(spills) of the cubin, and per loop of the SASS (the sealed-tile loop, the open-page loop) the
-count of instructions, shared-memory instructions (STS / LDS / LDSM / STSM), shuffles, MMAs, global
-loads and the dequantization's LOP3 / HADD2 / HFMA2. The sealed-tile loop is meant to have no
-shared-memory instruction at all.
+For each (variant of ``GLUON_VARIANTS`` named by --variants, bits, block_n, GQA group) it prints
+registers, stack (spilled state), static and dynamic shared memory and local memory of the cubin,
+and per loop of the SASS (the sealed-tile loop, the open-page loop) the count of instructions,
+shared-memory instructions (STS / LDS / LDSM / STSM), cp.async (LDGSTS, its barriers), shuffles,
+MMAs, global loads and the dequantization's LOP3 / HADD2 / HFMA2. The register-prefetch variants'
+sealed-tile loop has no shared-memory instruction at all; the cp.async rings read each tile back
+with LDS.
 """
 
 from __future__ import annotations
@@ -37,19 +39,23 @@ SIGNATURE = {
 
 
 def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
-                   v_group: int = 32, s_cols: int = 1, block_t: int = 32):
-    """The Gluon stage 1 compiled for sm_90 (``triton.compile``; no GPU needed)."""
+                   v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1"):
+    """The Gluon stage 1 (``variant``: a key of ``GLUON_VARIANTS``) compiled for sm_90
+    (``triton.compile``; no GPU needed)."""
+    var = G.gluon_variant(variant)
     block_h = max(8, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
-                 BLOCK_N=block_n, BLOCK_T=block_t, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
+                 BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode,
+                 **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
 
     # what a launch specializes on: every pointer 16-byte aligned (torch allocations are)
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(SIGNATURE.items()) if v.startswith("*")}
     src = GluonASTSource(G._gluon_decode_stage1_kernel, sig, const, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    options = {"num_warps": 1} if var.maxnreg is None else {"num_warps": 1, "maxnreg": var.maxnreg}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: int = 128, h: int = 8, p: int = 128):
@@ -83,7 +89,8 @@ def sass_of(cubin: bytes) -> str:
         os.unlink(f.name)
 
 
-COUNTED = ("STS", "LDS", "LDSM", "STSM", "SHFL", "HMMA", "LDG", "PRMT", "LOP3", "HADD2", "HFMA2", "MUFU")
+COUNTED = ("STS", "LDS", "LDSM", "STSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR", "SHFL", "HMMA", "LDG", "PRMT", "LOP3", "HADD2",
+           "HFMA2", "MUFU")
 _LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(.*)$")
 
 
@@ -120,6 +127,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sass-dir", type=Path, help="write each variant's SASS and TTGIR here")
     ap.add_argument("--triton", action="store_true", help="also today's Triton stage 1 (default form), for comparison")
+    ap.add_argument("--variants", default="regs1", help="comma-separated keys of GLUON_VARIANTS, or 'all' (default: regs1)")
+    ap.add_argument("--block-n", default="16,32", help="tile sizes to compile (default 16,32)")
+    ap.add_argument("--groups", default="4,8", help="GQA groups to compile (default 4,8)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     reason = G.gluon_available()
@@ -133,18 +143,22 @@ def main() -> int:
         print(f"triton_int{bits}_bn32_g4 (today's kernel): {resources(ck.asm['cubin'])}")
         for i, c in enumerate(loops(sass)):
             print(f"  loop {i} (per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
-    for bits in (2, 4):
-        for block_n in (16, 32):
-            for group in (4, 8):
-                name = f"int{bits}_bn{block_n}_g{group}"
+    variants = list(G.GLUON_VARIANTS) if args.variants == "all" else args.variants.split(",")
+    for v in variants:
+        G.gluon_variant(v)  # unknown names: ValueError before any compile
+    for variant, bits, block_n, group in ((v, b, n, g) for v in variants for b in (2, 4)
+                                          for n in map(int, args.block_n.split(",")) for g in map(int, args.groups.split(","))):
+        if True:
+            if True:
+                name = f"{variant}_int{bits}_bn{block_n}_g{group}"
                 try:
-                    ck = compile_stage1(bits=bits, block_n=block_n, group=group)
+                    ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant)
                 except Exception as exc:  # noqa: BLE001 - report every variant
                     print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
                     rc = 1
                     continue
                 sass = sass_of(ck.asm["cubin"])
-                print(f"{name}: {resources(ck.asm['cubin'])}")
+                print(f"{name}: {resources(ck.asm['cubin'])} (dynamic shared {ck.metadata.shared} B)")
                 for i, c in enumerate(loops(sass)):
                     # the sealed-tile loop is the one that dequantizes (HFMA2); the other one is the open page
                     what = "sealed-tile loop" if c["HFMA2"] else "open-page loop"
