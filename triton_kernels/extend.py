@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
+from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting, tile_raw,
                      pool_arguments, rotation_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
 from .write import oscar_rotate_q
 
@@ -76,6 +76,7 @@ def _extend_kernel(
     POSITION: tl.constexpr,
     INTERPRET: tl.constexpr,
     USE_ASM: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -122,14 +123,34 @@ def _extend_kernel(
             o_qr = (rows * HQ + o_hq)[:, None] * D
             b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
-            for pi in range(0, sp_lo):  # below every row's boundary
-                page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                for t0 in range(0, P, BLOCK_N):
-                    m_i, l_i, acc_r = sealed_tile(
-                        b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                        kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
-                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+            if PREFETCH:
+                # Below every row's boundary, one flat loop over tiles with register double
+                # buffering (decode.py's TRANS loop): tile it + 1's loads are issued before tile
+                # it's math, across page boundaries too.
+                TPP: tl.constexpr = P // BLOCK_N
+                n_tiles = sp_lo * TPP
+                pg_idx = page_idx_ptr + kv_start
+                page_n = tl.load(pg_idx, mask=n_tiles > 0, other=0).to(tl.int64)
+                kp, kw, st, vp, vw = tile_raw(page_n, 0, i_h, s_col, n_tiles > 0,
+                                              kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+                for it in tl.range(0, n_tiles, num_stages=1):
+                    page_n = tl.load(pg_idx + (it + 1) // TPP, mask=it + 1 < n_tiles, other=0).to(tl.int64)
+                    kp_n, kw_n, st_n, vp_n, vw_n = tile_raw(
+                        page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < n_tiles,
+                        kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N,
                     )  # fmt: skip
+                    m_i, l_i, acc_r = attend_raw(b_qr, kp, kw, st, vp, vw, m_i, l_i, acc_r, sm_scale_log2,
+                                                 D, BITS, G_K, G_V, BLOCK_N, USE_ASM, False)  # fmt: skip
+                    kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
+            else:
+                for pi in range(0, sp_lo):  # below every row's boundary
+                    page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                    for t0 in range(0, P, BLOCK_N):
+                        m_i, l_i, acc_r = sealed_tile(
+                            b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                            kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                        )  # fmt: skip
             if POSITION:
                 for pi in range(sp_lo, sp_hi):  # below the boundary of some rows only
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
@@ -214,11 +235,15 @@ class _ExtendTuning:
         num_warps: Triton warps per program.
         block_n: tokens per prefix / new-token tile (divides the page: a multiple of 32,
             ``oscar_sgl.supported``).
+        prefetch: the tiles below every row's boundary in one flat loop with register double
+            buffering (the next tile's loads issued before this tile's math), instead of a loop
+            over pages and one over their tiles.
     """
 
     block_m: int
     num_warps: int
     block_n: int = 32
+    prefetch: bool = False
 
 
 def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _ExtendTuning:
@@ -319,6 +344,7 @@ def oscar_extend_attention(
         POSITION=bool(position),
         INTERPRET=interpreting(),
         USE_ASM=use_asm(q.device),
+        PREFETCH=bool(tune.prefetch),
         num_warps=tune.num_warps,
     )
     return out

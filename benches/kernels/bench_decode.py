@@ -515,7 +515,8 @@ def bench_write(batch: int) -> dict:
 
 # (batch, cached prefix, new tokens): prefix-cache hits, then fresh prompts (prefill chunks)
 EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128), (1, 0, 8192), (4, 0, 2048), (1, 8192, 8192)]
-EXTEND_VARIANTS = [(0, 0), (64, 4), (128, 4), (64, 8)]  # (block_m, num_warps); (0, 0) = default
+# (block_m, num_warps, prefetch); (0, 0, False) = the launcher's default
+EXTEND_VARIANTS = [(0, 0, False), (64, 4, False), (128, 4, False), (64, 8, False), (128, 8, True), (256, 8, True), (128, 4, True)]
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
@@ -544,14 +545,14 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
                                max_new_tokens=new, out=out, **kw)  # fmt: skip
 
     res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
-    for bm, nw in EXTEND_VARIANTS:  # (0, 0): the launcher's default
-        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw)}
+    for bm, nw, pf in EXTEND_VARIANTS:  # (0, 0, False): the launcher's default
+        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw, prefetch=pf)}
         try:
             tv = time_calls([lambda kw=kw: oscar(**kw)])
         except Exception as e:  # noqa: BLE001
-            res["variants"].append({"block_m": bm, "num_warps": nw, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            res["variants"].append({"block_m": bm, "num_warps": nw, "prefetch": pf, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
-        res["variants"].append({"block_m": bm, "num_warps": nw, **tv})
+        res["variants"].append({"block_m": bm, "num_warps": nw, "prefetch": pf, **tv})
     ok = [v for v in res["variants"] if "us" in v]
     res["oscar"] = min(ok, key=lambda v: v["us"])
     res["oscar_default_us"] = ok[0]["us"] if ok and ok[0]["block_m"] == 0 else None
@@ -722,14 +723,14 @@ def markdown(res: dict, rows: list[dict]) -> str:
         lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
                   "prompt) with --oscar-prefill position (default; best of the tuning sweep and the default tuning) "
                   "and exact (default tuning) vs SGLang's Triton extend kernel on BF16 KV:", "",
-                  "| bits | B | prefix | new | position us (best) | position default us | best (block_m, warps) | exact us | SGLang us | x SGLang (position) | exact / position |",
+                  "| bits | B | prefix | new | position us (best) | position default us | best (block_m, warps, prefetch) | exact us | SGLang us | x SGLang (position) | exact / position |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in ext:
             sg = e.get("sglang", {}).get("us")
             dflt = e.get("oscar_default_us")
             ex = e.get("oscar_exact", {}).get("us")
             lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {e['oscar']['us']:.1f} | "
-                         f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}) | "
+                         f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}, {e['oscar'].get('prefetch', False)}) | "
                          f"{ex if ex is None else round(ex, 1)} | "
                          f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} | "
                          f"{ex and dflt and round(ex / dflt, 2)} |")
