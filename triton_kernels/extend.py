@@ -33,50 +33,15 @@ from .write import oscar_rotate_q
 
 @triton.jit
 def _extend_kernel(
-    q_ptr,
-    qrot_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    kw_ptr,
-    kp_ptr,
-    vw_ptr,
-    vp_ptr,
-    scale_ptr,
-    stg_k_ptr,
-    stg_v_ptr,
-    p2s_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
-    page_idx_ptr,
-    prefix_lens_ptr,
+    q_ptr, qrot_ptr, k_ptr, v_ptr, o_ptr, pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr,
     sm_scale_log2,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    H: tl.constexpr,
-    GROUP: tl.constexpr,
-    D: tl.constexpr,
-    LOG2D: tl.constexpr,
-    BITS: tl.constexpr,
-    P: tl.constexpr,
-    G_K: tl.constexpr,
-    G_V: tl.constexpr,
-    S: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    GP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROTATE: tl.constexpr,
-    INV_SQRT_D: tl.constexpr,
-    POSITION: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    strides,  # (q, k, v, o) x (token, head)
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
+    POSITION: tl.constexpr, INTERPRET: tl.constexpr, USE_ASM: tl.constexpr,
 ):
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_m = tl.program_id(2)
@@ -127,7 +92,7 @@ def _extend_kernel(
                 for t0 in range(0, P, BLOCK_N):
                     m_i, l_i, acc_r = sealed_tile(
                         b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                        kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                        pool, sm_scale_log2,
                         H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
                     )  # fmt: skip
             if POSITION:
@@ -136,24 +101,24 @@ def _extend_kernel(
                     for t0 in range(0, P, BLOCK_N):
                         m_i, l_i, acc_r = sealed_tile(
                             b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                            kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                            pool, sm_scale_log2,
                             H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
                         )  # fmt: skip
             # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
             if (prefix % P != 0) & (sp_lo == open_page):
-                stg = tl.load(p2s_ptr + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
+                stg = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
                 n_valid = prefix % P
                 for t0 in range(0, n_valid, BLOCK_N):
                     if POSITION:
                         m_i, l_i, acc_r = staging_tile(
                             b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
+                            pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
                             row_sp == open_page,
                         )  # fmt: skip
                     else:
                         m_i, l_i, acc_r = staging_tile(
                             b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
+                            pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
                         )  # fmt: skip
 
         # New tokens, causal: query o_m sees keys 0..o_m of this step (from its boundary on).
@@ -292,33 +257,14 @@ def oscar_extend_attention(
     if t == 0 or b == 0 or max_new_tokens == 0:
         return out
     _extend_kernel[(b, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
-        q_ptr=q,
-        qrot_ptr=q_rot,
-        k_ptr=k,
-        v_ptr=v,
-        o_ptr=out,
-        **pool_arguments(layer),
-        qo_indptr_ptr=qo_indptr,
-        kv_indptr_ptr=kv_indptr,
-        page_idx_ptr=kv_page_indices,
-        prefix_lens_ptr=prefix_lens,
+        # the new tokens, the output, the layer's pool and the requests' pages
+        q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool_arguments(layer),
+        qo_indptr_ptr=qo_indptr, kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, prefix_lens_ptr=prefix_lens,
         sm_scale_log2=sm_scale * math.log2(math.e),
-        stride_qt=q.stride(0),
-        stride_qh=q.stride(1),
-        stride_kt=k.stride(0),
-        stride_kh=k.stride(1),
-        stride_vt=v.stride(0),
-        stride_vh=v.stride(1),
-        stride_ot=out.stride(0),
-        stride_oh=out.stride(1),
-        **rotate,
-        GROUP=hq // h,
-        BLOCK_M=tune.block_m,
-        GP=gp,
-        BLOCK_N=tune.block_n,
-        POSITION=bool(position),
-        INTERPRET=interpreting(),
-        USE_ASM=use_asm(q.device),
+        strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
+        **rotate, GROUP=hq // h, POSITION=bool(position),
+        # how it runs (_ExtendTuning)
+        BLOCK_M=tune.block_m, GP=gp, BLOCK_N=tune.block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
         num_warps=tune.num_warps,
     )
     return out
