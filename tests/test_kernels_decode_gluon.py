@@ -2,8 +2,10 @@
 and the default Triton kernel on the same pools (GPU), its refusals and the rotating merge launch
 it relies on (CPU and GPU).
 
-The Gluon kernel has not run on a GPU when this file was written: the ``gpu`` tests below are its
-first validation (benches/results/kernels_gluon_design.md, "Device command")."""
+The ``gpu`` tests ran on an H100 and an H200 (benches/results/kernels_gluon_gpu_a464603/,
+kernels_gluon_variants_dc03213/). The Gluon stage 1 is the decode default for small batches where it
+can run (``decode._default_tuning``): the tests at the end check that choice and the write it then
+runs as a separate launch."""
 
 from __future__ import annotations
 
@@ -132,8 +134,7 @@ def test_gluon_variants_are_checked(nan_empty):
 
 
 def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
-    """Clear errors before any launch (so also where Gluon cannot run): the fused write, head dims
-    whose fragments would split a code word, value groups narrower than a lane's channels, tiles
+    """Clear errors before any launch (so also where Gluon cannot run): head dims whose fragments would split a code word, value groups narrower than a lane's channels, tiles
     that split a key group."""
     cfg = OscarConfig(bits=2, page_size=32)
     pool = build_pool(cfg, h=1, d=64, p=32, lens=[40], seed=5)
@@ -151,10 +152,6 @@ def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
         _decode(pool, q, gluon=True, tune=dict(block_n=32))
     with pytest.raises(ValueError, match="unknown Gluon stage-1 variant 'cp9'"):
         _decode(pool, q, gluon=True, tune=dict(block_n=16, gluon_variant="cp9"))
-    new = torch.zeros(1, 1, 128, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="does not fuse the write"):
-        _decode(pool, q, gluon=True, tune=dict(block_n=16), new_k=new, new_v=new, new_loc=torch.zeros(1, dtype=torch.int64, device=DEVICE),
-                staging_scale=pool.staging_scale)
 
 
 def test_rotating_merge_launch_equals_merge_then_rotation(nan_empty):
@@ -175,3 +172,73 @@ def test_rotating_merge_launch_equals_merge_then_rotation(nan_empty):
     # and the weighted sum itself, from the log-sum-exps (base 2)
     w = torch.softmax(part_lse.cpu() * math.log(2), dim=-1)
     assert torch.allclose(plain.cpu(), (w[..., None] * part_o.cpu()).sum(2), rtol=1e-5, atol=1e-5)
+
+
+def test_default_tuning_picks_gluon_for_small_batches_only():
+    """The default stage 1: Gluon where it can run, up to ``GLUON_MAX_PAIRS`` (request, KV head)
+    pairs, at the Triton path's split count (CUDA-graph workspaces are sized without knowing the
+    kernel); never in the interpreter or on the CPU."""
+    lim = kdecode.GLUON_MAX_PAIRS
+    small = kdecode._default_tuning(lim // 8, 8, 128, 128, gluon=True)
+    large = kdecode._default_tuning(lim // 8 + 1, 8, 128, 128, gluon=True)
+    assert small.gluon and not large.gluon
+    assert not kdecode._default_tuning(1, 8, 128, 128).gluon  # gluon=False: Gluon cannot run
+    for b in (1, lim // 8, lim // 8 + 1, 64):
+        assert kdecode._default_tuning(b, 8, 128, 128, gluon=True).waves == kdecode._default_tuning(b, 8, 128, 128).waves
+    assert not kdecode._gluon_usable(torch.device("cpu"), 2, 128, 32, 32, 4)
+    if _GLUON_REASON is not None or DEVICE.type != "cuda":
+        assert not kdecode._gluon_usable(DEVICE, 2, 128, 32, 32, 4)
+
+
+def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=4, seed=41):
+    """One decode step with the new token's write (new_k/new_v/new_loc) on a fresh pool; the last
+    request is padding (its token goes to page 0, mapped to -1; it attends to its cached tokens
+    only). Returns (pool, output)."""
+    d, p = 128, cfg.page_size
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], device=torch.device("cuda"), seed=seed)
+    pool.seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32, device="cuda")
+    gen = torch.Generator().manual_seed(seed + 1)
+    k_new = torch.randn(len(lens), h, d, generator=gen).bfloat16().cuda()
+    v_new = torch.randn(len(lens), h, d, generator=gen).bfloat16().cuda()
+    q = torch.randn(len(lens), h * g, d, generator=gen).bfloat16().cuda()
+    last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(len(lens))]
+    loc = torch.tensor([last[b] * p + (n - 1) % p for b, n in enumerate(lens[:-1])] + [5], device="cuda")
+    kw = dict(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
+              seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(d), new_k=k_new, new_v=v_new, new_loc=loc,
+              staging_scale=pool.staging_scale, out=torch.full(q.shape, float("nan"), device="cuda"))
+    if gluon is None:  # the launcher's own choice
+        return pool, oscar_decode_attention(**kw)
+    tuning = dataclasses.replace(kdecode._default_tuning(len(lens), h, d, p), gluon=gluon, **(tune or {}))
+    return pool, oscar_decode_attention(**kw, _tuning=tuning)
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits,scope", [(2, "layer"), (4, "head")])
+def test_gluon_step_with_the_write_equals_the_fused_triton_step(bits, scope, nan_empty):
+    """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
+    the merge: it stages exactly the bytes (keys, values, token scales) the Triton stage 1's fused
+    write stages, skips the padding request, and its attention agrees with the Triton step's."""
+    cfg = OscarConfig(bits=bits, page_size=128, norm_scope=scope)
+    a, out_g = _step_with_write(cfg, gluon=True)
+    b, out_t = _step_with_write(cfg, gluon=False)
+    assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
+    assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))
+    assert torch.equal(a.staging_scale, b.staging_scale)
+    assert not torch.isnan(out_g).any()
+    err = rel_rms(out_g.float(), out_t.float())
+    assert err < 1e-3, f"Gluon vs Triton step: relative RMS {err:.2e}"
+
+
+@gpu
+@needs_gluon
+def test_the_default_decode_runs_gluon_for_a_small_batch(nan_empty):
+    """Without ``_tuning`` a 4-request launch at head_dim 128 takes the Gluon stage 1: its output is
+    bit-identical to the explicit Gluon tuning's, and not to the Triton stage 1's."""
+    cfg = OscarConfig(bits=2, page_size=128)
+    assert kdecode._gluon_usable(torch.device("cuda"), 2, 128, cfg.k_group, cfg.v_group, 4)
+    _, out_default = _step_with_write(cfg, gluon=None)
+    _, out_gluon = _step_with_write(cfg, gluon=True)
+    _, out_triton = _step_with_write(cfg, gluon=False)
+    assert torch.equal(out_default, out_gluon)
+    assert not torch.equal(out_default, out_triton)

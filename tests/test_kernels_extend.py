@@ -102,17 +102,6 @@ def test_extend_by_position_row_boundaries_inside_one_program():
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
-@pytest.mark.parametrize("position", [True, False])
-def test_extend_prefetching_loop_matches_reference(position):
-    """``prefetch``: the tiles below every row's boundary in one flat double-buffered loop (2 tiles
-    per page here, so the prefetch crosses page boundaries), both boundary modes, INT2 and GQA 4."""
-    cfg = OscarConfig(bits=2, page_size=64)
-    cases = [(0, 2 * 64 + 5), (3 * 64 + 13, 70), (64, 1), (5, 3)]
-    err = _run(cfg, h=2, group=4, d=64, p=64, cases=cases, seed=31, position=position,
-               tune=dict(prefetch=True))
-    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
-
-
 def test_extend_by_position_is_chunking_invariant():
     """One 100-token sequence in one chunk, in chunks of 40 / 60, and token by token: each token's
     output is the same (what makes the server's answer independent of --chunked-prefill-size)."""
@@ -197,11 +186,10 @@ def test_extend_d256():
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("block_m,num_warps,prefetch", [(None, None, None), (128, 8, False), (32, 4, False),
-                                                           (128, 8, True), (256, 8, True)])
-def test_extend_gpu_real_sizes(bits, block_m, num_warps, prefetch):
+@pytest.mark.parametrize("block_m,num_warps", [(None, None), (128, 8), (32, 4)])
+def test_extend_gpu_real_sizes(bits, block_m, num_warps):
     cfg = OscarConfig(bits=bits, page_size=128)
     cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
     err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=13,
-               tune=None if block_m is None else dict(block_m=block_m, num_warps=num_warps, prefetch=prefetch))
+               tune=None if block_m is None else dict(block_m=block_m, num_warps=num_warps))
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"

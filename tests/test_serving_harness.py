@@ -84,6 +84,21 @@ def test_fused_add_rmsnorm_is_in_place_like_sgl_kernel(sk, dtype, gemma):
     torch.testing.assert_close(r, want_r, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("gemma", [False, True])
+def test_norms_torch_path_on_cpu_tensors(sk, monkeypatch, gemma):
+    """Without CUDA and without the interpreter the stand-in computes the norms with torch: the same
+    in-place contract and values as the reference."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.randn(4, 192, dtype=torch.bfloat16) * 3
+    r = torch.randn(4, 192, dtype=torch.bfloat16)
+    w = torch.randn(192, dtype=torch.bfloat16)
+    want_y, _ = sk.ops.rmsnorm_reference(x, w, 1e-6, gemma=gemma)
+    assert torch.equal((sk.gemma_rmsnorm if gemma else sk.rmsnorm)(x, w, 1e-6), want_y)
+    want_y, want_r = sk.ops.rmsnorm_reference(x, w, 1e-6, residual=r, gemma=gemma)
+    (sk.gemma_fused_add_rmsnorm if gemma else sk.fused_add_rmsnorm)(x, r, w, 1e-6)
+    assert torch.equal(x, want_y) and torch.equal(r, want_r)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 128), (9, 2 * 1536), (2, 3, 2 * 200)])
 def test_silu_and_mul_matches_reference(sk, dtype, shape):

@@ -173,29 +173,38 @@ def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> 
     return n, hq, d, h, p, s_cols
 
 
+POOL_TENSORS = ("kw_ptr", "kp_ptr", "vw_ptr", "vp_ptr", "scale_ptr", "stg_k_ptr", "stg_v_ptr", "p2s_ptr")
+"""The order of the attention kernels' ``pool`` tuple (``pool_arguments``), by the names the Gluon
+stage 1 takes them under (``named_pool_arguments``)."""
+
+
+def pool_format(k_codes: torch.Tensor, staging_k: torch.Tensor, scale: torch.Tensor | None, *, bits: int, k_group: int,
+                v_group: int) -> dict[str, object]:
+    """The compile-time shape and format of a layer's pool by kernel parameter name (``H, D, P, S,
+    BITS, G_K, G_V``), from its codes ``[pages, H, P, ..]``, staging ``[.., D]`` and token scales
+    ``[.., S]`` (None: S = 0), as checked by ``check_pool`` / ``check_staging``."""
+    _, h, p, _ = k_codes.shape
+    return {"H": h, "D": staging_k.shape[3], "P": p, "S": scale.shape[-1] if scale is not None else 0, "BITS": bits,
+            "G_K": k_group, "G_V": v_group}
+
+
 def pool_arguments(layer: PagedLayer) -> dict[str, object]:
-    """What the attention kernels read about the layer's pool, by parameter name: the codes and
-    params as the int32 views ``tile_raw`` reads, the token scales (any tensor when None: not read
-    with S == 0), the staging pages and the page -> staging map, and the pool's compile-time shape
-    and format (``H, D, P, S, BITS, G_K, G_V``). ``layer`` as checked by ``check_attention_inputs``."""
-    _, h, p, _ = layer.k_codes.shape
-    return {
-        "kw_ptr": layer.k_codes.view(torch.int32),
-        "kp_ptr": layer.k_params.flatten(-2).view(torch.int32),
-        "vw_ptr": layer.v_codes.view(torch.int32),
-        "vp_ptr": layer.v_params.flatten(-2).view(torch.int32),
-        "scale_ptr": layer.scale if layer.scale is not None else layer.k_params,
-        "stg_k_ptr": layer.staging_k,
-        "stg_v_ptr": layer.staging_v,
-        "p2s_ptr": layer.page_to_staging,
-        "H": h,
-        "D": layer.staging_k.shape[3],
-        "P": p,
-        "S": layer.scale.shape[-1] if layer.scale is not None else 0,
-        "BITS": layer.bits,
-        "G_K": layer.k_group,
-        "G_V": layer.v_group,
-    }
+    """What the attention kernels read about the layer's pool, by parameter name: ``pool``, the
+    tuple of tensors in ``POOL_TENSORS`` order (the codes and params as the int32 views ``tile_raw``
+    reads, the token scales (any tensor when None: not read with S == 0), the staging pages and the
+    page -> staging map), and ``pool_format``. ``layer`` as checked by ``check_attention_inputs``."""
+    L = layer
+    pool = (L.k_codes.view(torch.int32), L.k_params.flatten(-2).view(torch.int32), L.v_codes.view(torch.int32),
+            L.v_params.flatten(-2).view(torch.int32), L.scale if L.scale is not None else L.k_params, L.staging_k, L.staging_v,
+            L.page_to_staging)
+    return {"pool": pool, **pool_format(L.k_codes, L.staging_k, L.scale, bits=L.bits, k_group=L.k_group, v_group=L.v_group)}
+
+
+def named_pool_arguments(layer: PagedLayer) -> dict[str, object]:
+    """``pool_arguments`` with the ``pool`` tuple spread under the ``POOL_TENSORS`` names (the Gluon
+    stage 1's parameters)."""
+    args = pool_arguments(layer)
+    return {**dict(zip(POOL_TENSORS, args.pop("pool"))), **args}
 
 
 def rotation_arguments(head_dim: int, rotation: bool) -> dict[str, object]:
@@ -541,17 +550,17 @@ def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl
 
 
 @triton.jit
-def tile_raw(page, t0, i_h, s_col, valid, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: tl.constexpr, D: tl.constexpr,
-             BITS: tl.constexpr, P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr,
-             BLOCK_N: tl.constexpr):
+def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, P: tl.constexpr,
+             G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr):
     """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``),
     as loaded (nothing when ``valid`` is false: a prefetch past the end):
     ``(key params [NGT, D], key codes [BLOCK_N, W], s_t [BLOCK_N], value params [BLOCK_N, NG],
     value codes [BLOCK_N, W])``.
 
-    The pool arrays come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
+    The pool arrays (the ``pool`` tuple, ``POOL_TENSORS`` order) come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
     ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs): every load is one
     contiguous block of >= 4-byte elements. Without token scaling s_t is 1."""
+    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr = pool[0], pool[1], pool[2], pool[3], pool[4]
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
@@ -629,71 +638,29 @@ def safe_max(m_new, row_ok=None):
 
 
 @triton.jit
-def sealed_tile(
-    q,
-    page,
-    t0,
-    i_h,
-    s_col,
-    m_i,
-    l_i,
-    acc,
-    kw_ptr,
-    kp_ptr,
-    vw_ptr,
-    vp_ptr,
-    scale_ptr,
-    sm_scale_log2,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    BITS: tl.constexpr,
-    P: tl.constexpr,
-    G_K: tl.constexpr,
-    G_V: tl.constexpr,
-    S: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    USE_ASM: tl.constexpr,
-    TRANS: tl.constexpr = False,
-    row_ok=None,
-):
+def sealed_tile(q, page, t0, i_h, s_col, m_i, l_i, acc, pool, sm_scale_log2, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
+                USE_ASM: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None):
     """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against the queries
     ``q``: ``tile_raw`` then ``attend_raw`` (shapes and ``row_ok`` there). The loads are plain
     blocks, which Triton's software pipeliner prefetches when the caller's loop allows it."""
-    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                                  H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, pool, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
     return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
                       row_ok)
 
 
 @triton.jit
-def staging_tile(
-    qb,
-    stg,
-    i_h,
-    t0,
-    n_valid,
-    m_i,
-    l_i,
-    acc,
-    stg_k_ptr,
-    stg_v_ptr,
-    sm_scale_log2,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    P: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BF16_DOT: tl.constexpr,
-    TRANS: tl.constexpr = False,
-    row_ok=None,
-):
+def staging_tile(qb, stg, i_h, t0, n_valid, m_i, l_i, acc, pool, sm_scale_log2, H: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BF16_DOT: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None):
     """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, read BF16 (rotated)
-    from staging slot ``stg``, against bf16 rotated queries ``qb`` in channel order: ``[M, D]`` rows,
+    from staging slot ``stg`` (the staging pages of the ``pool`` tuple), against bf16 rotated queries ``qb`` in channel order: ``[M, D]`` rows,
     or ``[D, G]`` columns with ``TRANS`` (shapes as in ``attend_raw``).
 
     ``BF16_DOT=False`` (interpreter) upcasts the operands to fp32 after a round-to-nearest bf16
     rounding: the interpreter's dot multiplies the raw bits of bf16 operands and its cast truncates.
     ``row_ok`` (rows only): as in ``attend_raw``.
     """
+    stg_k_ptr, stg_v_ptr = pool[5], pool[6]
     o_t = t0 + tl.arange(0, BLOCK_T)
     m_t = o_t < n_valid
     o_d = tl.arange(0, D)

@@ -30,6 +30,7 @@ request but its last is sealed when decode runs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,9 +40,9 @@ import triton.language as tl
 
 from . import gluon_decode
 from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
-                     interpreting, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
+                     interpreting, named_pool_arguments, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
                      use_asm, write_token)
-from .write import oscar_rotate_q
+from .write import oscar_rotate_q, oscar_write_kv
 
 
 @triton.jit
@@ -84,60 +85,18 @@ def load_queries(qrot_ptr, o_q, m_r, o_c, TRANS: tl.constexpr):
 
 @triton.jit
 def _decode_stage1_kernel(
-    qrot_ptr,
-    kw_ptr,
-    kp_ptr,
-    vw_ptr,
-    vp_ptr,
-    scale_ptr,
-    stg_k_ptr,
-    stg_v_ptr,
-    p2s_ptr,
-    kv_indptr_ptr,
-    page_idx_ptr,
-    seq_lens_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    q_ptr,
-    new_k_ptr,
-    new_v_ptr,
-    new_loc_ptr,
-    stg_scale_ptr,
-    counter_ptr,
-    out_ptr,
-    stride_qb,
-    stride_qh,
-    stride_kb,
-    stride_kh,
-    stride_vb,
-    stride_vh,
-    stride_ob,
-    stride_oh,
+    qrot_ptr, pool, kv_indptr_ptr, page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
+    q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, counter_ptr, out_ptr,
+    strides,  # (q, new_k, new_v, out) x (request, head)
     sm_scale_log2,
-    H: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    D: tl.constexpr,
-    BITS: tl.constexpr,
-    P: tl.constexpr,
-    G_K: tl.constexpr,
-    G_V: tl.constexpr,
-    S: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    USE_ASM: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    ROT_Q: tl.constexpr,
-    WRITE: tl.constexpr,
-    MERGE: tl.constexpr,
-    ROTATE: tl.constexpr,
-    LOG2D: tl.constexpr,
-    INV_SQRT_D: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    CHUNK: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
+    USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
     TRANS: tl.constexpr,
 ):
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_s = tl.program_id(2)
@@ -165,7 +124,7 @@ def _decode_stage1_kernel(
         if i_s == n_split:
             # The write path, fused into the program that reads the open page: rotate the new
             # token's K/V of head h, store them BF16 into its staging slot, and its s_t.
-            write_token(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr,
+            write_token(new_k_ptr, new_v_ptr, new_loc_ptr, pool[7], pool[5], pool[6], stg_scale_ptr,
                         i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh,
                         H, BLOCK_HK, D, LOG2D, P, S, ROTATE, INV_SQRT_D)  # fmt: skip
     if ROT_Q or WRITE:
@@ -196,13 +155,13 @@ def _decode_stage1_kernel(
             pg_idx = page_idx_ptr + kv_start
             page = tl.load(pg_idx + t_lo // TPP, mask=t_lo < t_hi, other=0).to(tl.int64)
             page_n = tl.load(pg_idx + (t_lo + 1) // TPP, mask=t_lo + 1 < t_hi, other=0).to(tl.int64)
-            kp, kw, st, vp, vw = tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, t_lo < t_hi,
-                                          kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+            kp, kw, st, vp, vw = tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, t_lo < t_hi, pool,
+                                          H, D, BITS, P, G_K, G_V, S, BLOCK_N)
             for it in tl.range(t_lo, t_hi, num_stages=1):
                 page_nn = tl.load(pg_idx + (it + 2) // TPP, mask=it + 2 < t_hi, other=0).to(tl.int64)
                 kp_n, kw_n, st_n, vp_n, vw_n = tile_raw(
-                    page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi,
-                    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N,
+                    page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi, pool,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N,
                 )  # fmt: skip
                 m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
                                            D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)  # fmt: skip
@@ -213,26 +172,26 @@ def _decode_stage1_kernel(
                 page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
-                    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                    pool, sm_scale_log2,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
                 )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
-        stg = tl.load(p2s_ptr + page).to(tl.int64)
+        stg = tl.load(pool[7] + page).to(tl.int64)
         if stg >= 0:
             n_valid = seq_len - (n_pages - 1) * P
             b_qb = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
             for t0 in tl.range(0, n_valid, BLOCK_T, num_stages=1):
                 m_i, l_i, acc = staging_tile(
                     b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
-                    stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
+                    pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
                 )  # fmt: skip
         else:
             b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
             for t0 in tl.range(0, P, BLOCK_N, num_stages=1):
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, t0, i_h, s_col, m_i, l_i, acc,
-                    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                    pool, sm_scale_log2,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
                 )  # fmt: skip
 
@@ -358,11 +317,11 @@ class _DecodeTuning:
             launch) or in a separate launch; None: fused when that takes at most two block loads per
             row (few splits, i.e. batches of 16+ requests at 8 KV heads); with many splits (small
             batches) the separate, wider merge launch is faster on an H200.
-        gluon: stage 1 written in Gluon with explicit MMA operand layouts (``gluon_decode``; issue
-            14, NOT yet validated on a GPU): one warp, ``block_n`` / ``block_t`` / ``waves`` /
-            ``num_splits`` as above, the other launch options ignored; the query rotation and the
-            merge (with the inverse rotation) are separate launches and the write is refused.
-            Never the default.
+        gluon: stage 1 written in Gluon with explicit MMA operand layouts (``gluon_decode``): one
+            warp, ``block_n`` / ``block_t`` / ``waves`` / ``num_splits`` as above, the other launch
+            options ignored; the write with the query rotation (``oscar_write_kv``) and the merge
+            with the inverse rotation are separate launches. The default up to
+            ``GLUON_MAX_PAIRS`` (request, KV head) pairs where it can run (``_gluon_usable``).
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
     """
@@ -380,18 +339,42 @@ class _DecodeTuning:
     gluon_variant: str = "regs1"
 
 
-def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
+GLUON_MAX_PAIRS = 128
+"""The Gluon stage 1 is the default for launches of up to this many (request, KV head) pairs, where
+it can run (``_gluon_usable``): measured side by side on the H200 (benches/results/kernels.md,
+"Gluon stage 1"), it is faster there than the Triton stage 1 with the write fused, and about even
+above."""
+
+
+def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int, gluon: bool = False) -> _DecodeTuning:
     """The decode configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
 
     head_dim <= 128: one warp per program on 32-token tiles, the transposed form; ~16 programs per
     SM below 512 (request, KV head) pairs, ~8 above (a one-warp program holds ~240 registers: 8 fit
-    on an SM). Larger head dims keep the first version's two warps on 64-token tiles and the plain
-    form (not tuned on a GPU). The page size is a multiple of 32 (``oscar_sgl.supported``)."""
+    on an SM); with ``gluon`` (the Gluon stage 1 can run this launch) the Gluon stage 1 up to
+    ``GLUON_MAX_PAIRS`` pairs, at the same split count. Larger head dims keep the first version's
+    two warps on 64-token tiles and the plain form (not tuned on a GPU). The page size is a multiple
+    of 32 (``oscar_sgl.supported``). Never depends on lengths: a launch replays in a CUDA graph."""
     block_t = min(page_size, 32 if head_dim <= 128 else 16)
     if head_dim <= 128:
         return _DecodeTuning(block_n=32, block_t=block_t, num_warps=1, transposed=True,
-                             waves=16.0 if batch * num_kv_heads < 512 else 8.0)
+                             waves=16.0 if batch * num_kv_heads < 512 else 8.0,
+                             gluon=gluon and batch * num_kv_heads <= GLUON_MAX_PAIRS)
     return _DecodeTuning(block_n=min(page_size, 64), block_t=block_t, num_warps=2, transposed=False, waves=4.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _gluon_usable(device: torch.device, bits: int, head_dim: int, k_group: int, v_group: int, group: int) -> bool:
+    """Whether the Gluon stage 1 runs this layer on ``device`` (NVIDIA sm_80+, Triton 3.6, the
+    shapes ``gluon_decode.check_gluon_shape`` accepts at 32-token tiles); never in the interpreter."""
+    if interpreting() or gluon_decode.gluon_available(device) is not None:
+        return False
+    try:
+        gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=32,
+                                       group=group)
+    except ValueError:
+        return False
+    return True
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> int:
@@ -437,7 +420,8 @@ def oscar_decode_attention(
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
     with few splits the last program of each (request, KV head) merges them: one launch per layer
-    and step.
+    and step. Where the Gluon stage 1 is chosen (``_default_tuning``: small batches on NVIDIA GPUs
+    with Triton 3.6), three: the write with the query rotation, stage 1, the merge.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
@@ -477,11 +461,13 @@ def oscar_decode_attention(
         new_strides = (new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1))
     if q_rot is not None:
         check_fp32_buffer("q_rot", q_rot, (b, hq, d))
-    tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
+    if _tuning is None:
+        usable = _gluon_usable(q.device, layer.bits, d, layer.k_group, layer.v_group, group)
+        tune = _default_tuning(b, h, d, p, gluon=usable)
+    else:
+        tune = _tuning
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     if tune.gluon:
-        if write:
-            raise ValueError("the Gluon stage 1 (_tuning.gluon) does not fuse the write path: run oscar_write_kv first")
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
         gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones
@@ -507,10 +493,16 @@ def oscar_decode_attention(
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
     if b == 0:
         return out
-    if tune.gluon:
-        if q_rot is None:
+    if tune.gluon:  # three launches: write (+ query rotation), Gluon stage 1, merge (+ inverse rotation)
+        if write:
+            rotated = oscar_write_kv(k=new_k, v=new_v, loc=new_loc, page_to_staging=layer.page_to_staging,
+                                     staging_k=layer.staging_k, staging_v=layer.staging_v, staging_scale=staging_scale,
+                                     rotation=layer.rotation, q=q if q_rot is None else None,
+                                     q_rot_out=q_scratch if q_rot is None else None)  # fmt: skip
+            q_rot = rotated if q_rot is None else q_rot
+        elif q_rot is None:
             q_rot = oscar_rotate_q(q=q, rotation=layer.rotation, out=q_scratch)
-        gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=pool_arguments(layer), group=group, kv_indptr=kv_indptr,
+        gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=named_pool_arguments(layer), group=group, kv_indptr=kv_indptr,
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
                                          part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
                                          variant=tune.gluon_variant)
@@ -521,45 +513,20 @@ def oscar_decode_attention(
     fused_merge = num_splits + 1 <= 2 * chunk if tune.fused_merge is None else tune.fused_merge
     options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
     _decode_stage1_kernel[(b, h, num_splits + 1)](
-        qrot_ptr=q_rot if q_rot is not None else q_scratch,
-        **pool_arguments(layer),
-        kv_indptr_ptr=kv_indptr,
-        page_idx_ptr=kv_page_indices,
-        seq_lens_ptr=seq_lens,
-        part_o_ptr=part_o,
-        part_lse_ptr=part_lse,
-        q_ptr=q,
-        new_k_ptr=new_k if write else q,  # the new_* are not read without WRITE
-        new_v_ptr=new_v if write else q,
-        new_loc_ptr=new_loc if write else seq_lens,
-        stg_scale_ptr=staging_scale if staging_scale is not None else part_lse,
-        counter_ptr=counters,
-        out_ptr=out,
-        stride_qb=q.stride(0),
-        stride_qh=q.stride(1),
-        stride_kb=new_strides[0],
-        stride_kh=new_strides[1],
-        stride_vb=new_strides[2],
-        stride_vh=new_strides[3],
-        stride_ob=out.stride(0),
-        stride_oh=out.stride(1),
-        sm_scale_log2=sm_scale * math.log2(math.e),
-        **rotate,
-        GROUP=group,
-        BLOCK_H=max(8 if tune.transposed else 16, block_g),
-        BLOCK_N=tune.block_n,
-        BLOCK_T=tune.block_t,
-        USE_ASM=use_asm(q.device),
-        INTERPRET=interpreting(),
-        ROT_Q=q_rot is None,
-        WRITE=write,
-        MERGE=fused_merge,
-        BLOCK_G=block_g,
-        BLOCK_HK=triton.next_power_of_2(h),
-        CHUNK=chunk,
-        TRANS=tune.transposed,
-        num_warps=tune.num_warps,
-        num_stages=tune.num_stages,
+        # inputs, the layer's pool and the requests' pages
+        qrot_ptr=q_rot if q_rot is not None else q_scratch, **pool_arguments(layer),
+        kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens,
+        # workspace, the fused query rotation and write (the new_* are not read without WRITE), output
+        part_o_ptr=part_o, part_lse_ptr=part_lse, q_ptr=q, new_k_ptr=new_k if write else q, new_v_ptr=new_v if write else q,
+        new_loc_ptr=new_loc if write else seq_lens, stg_scale_ptr=staging_scale if staging_scale is not None else part_lse,
+        counter_ptr=counters, out_ptr=out,
+        strides=(q.stride(0), q.stride(1), *new_strides, out.stride(0), out.stride(1)),
+        sm_scale_log2=sm_scale * math.log2(math.e), **rotate, GROUP=group,
+        # how it runs (_DecodeTuning) and which fused parts it takes
+        BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
+        BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
+        ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed,
+        num_warps=tune.num_warps, num_stages=tune.num_stages,
         **options,
     )
     if not fused_merge:

@@ -26,58 +26,22 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting, tile_raw,
+from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
                      pool_arguments, rotation_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
 from .write import oscar_rotate_q
 
 
 @triton.jit
 def _extend_kernel(
-    q_ptr,
-    qrot_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    kw_ptr,
-    kp_ptr,
-    vw_ptr,
-    vp_ptr,
-    scale_ptr,
-    stg_k_ptr,
-    stg_v_ptr,
-    p2s_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
-    page_idx_ptr,
-    prefix_lens_ptr,
+    q_ptr, qrot_ptr, k_ptr, v_ptr, o_ptr, pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr,
     sm_scale_log2,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    H: tl.constexpr,
-    GROUP: tl.constexpr,
-    D: tl.constexpr,
-    LOG2D: tl.constexpr,
-    BITS: tl.constexpr,
-    P: tl.constexpr,
-    G_K: tl.constexpr,
-    G_V: tl.constexpr,
-    S: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    GP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROTATE: tl.constexpr,
-    INV_SQRT_D: tl.constexpr,
-    POSITION: tl.constexpr,
-    INTERPRET: tl.constexpr,
-    USE_ASM: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    strides,  # (q, k, v, o) x (token, head)
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
+    POSITION: tl.constexpr, INTERPRET: tl.constexpr, USE_ASM: tl.constexpr,
 ):
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_m = tl.program_id(2)
@@ -123,58 +87,38 @@ def _extend_kernel(
             o_qr = (rows * HQ + o_hq)[:, None] * D
             b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
-            if PREFETCH:
-                # Below every row's boundary, one flat loop over tiles with register double
-                # buffering (decode.py's TRANS loop): tile it + 1's loads are issued before tile
-                # it's math, across page boundaries too.
-                TPP: tl.constexpr = P // BLOCK_N
-                n_tiles = sp_lo * TPP
-                pg_idx = page_idx_ptr + kv_start
-                page_n = tl.load(pg_idx, mask=n_tiles > 0, other=0).to(tl.int64)
-                kp, kw, st, vp, vw = tile_raw(page_n, 0, i_h, s_col, n_tiles > 0,
-                                              kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
-                for it in tl.range(0, n_tiles, num_stages=1):
-                    page_n = tl.load(pg_idx + (it + 1) // TPP, mask=it + 1 < n_tiles, other=0).to(tl.int64)
-                    kp_n, kw_n, st_n, vp_n, vw_n = tile_raw(
-                        page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < n_tiles,
-                        kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N,
+            for pi in range(0, sp_lo):  # below every row's boundary
+                page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                for t0 in range(0, P, BLOCK_N):
+                    m_i, l_i, acc_r = sealed_tile(
+                        b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                        pool, sm_scale_log2,
+                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
                     )  # fmt: skip
-                    m_i, l_i, acc_r = attend_raw(b_qr, kp, kw, st, vp, vw, m_i, l_i, acc_r, sm_scale_log2,
-                                                 D, BITS, G_K, G_V, BLOCK_N, USE_ASM, False)  # fmt: skip
-                    kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
-            else:
-                for pi in range(0, sp_lo):  # below every row's boundary
-                    page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                    for t0 in range(0, P, BLOCK_N):
-                        m_i, l_i, acc_r = sealed_tile(
-                            b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                            kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
-                        )  # fmt: skip
             if POSITION:
                 for pi in range(sp_lo, sp_hi):  # below the boundary of some rows only
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
                     for t0 in range(0, P, BLOCK_N):
                         m_i, l_i, acc_r = sealed_tile(
                             b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                            kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, sm_scale_log2,
+                            pool, sm_scale_log2,
                             H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
                         )  # fmt: skip
             # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
             if (prefix % P != 0) & (sp_lo == open_page):
-                stg = tl.load(p2s_ptr + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
+                stg = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
                 n_valid = prefix % P
                 for t0 in range(0, n_valid, BLOCK_N):
                     if POSITION:
                         m_i, l_i, acc_r = staging_tile(
                             b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
+                            pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
                             row_sp == open_page,
                         )  # fmt: skip
                     else:
                         m_i, l_i, acc_r = staging_tile(
                             b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
+                            pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
                         )  # fmt: skip
 
         # New tokens, causal: query o_m sees keys 0..o_m of this step (from its boundary on).
@@ -235,15 +179,11 @@ class _ExtendTuning:
         num_warps: Triton warps per program.
         block_n: tokens per prefix / new-token tile (divides the page: a multiple of 32,
             ``oscar_sgl.supported``).
-        prefetch: the tiles below every row's boundary in one flat loop with register double
-            buffering (the next tile's loads issued before this tile's math), instead of a loop
-            over pages and one over their tiles.
     """
 
     block_m: int
     num_warps: int
     block_n: int = 32
-    prefetch: bool = False
 
 
 def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _ExtendTuning:
@@ -317,34 +257,14 @@ def oscar_extend_attention(
     if t == 0 or b == 0 or max_new_tokens == 0:
         return out
     _extend_kernel[(b, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
-        q_ptr=q,
-        qrot_ptr=q_rot,
-        k_ptr=k,
-        v_ptr=v,
-        o_ptr=out,
-        **pool_arguments(layer),
-        qo_indptr_ptr=qo_indptr,
-        kv_indptr_ptr=kv_indptr,
-        page_idx_ptr=kv_page_indices,
-        prefix_lens_ptr=prefix_lens,
+        # the new tokens, the output, the layer's pool and the requests' pages
+        q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool_arguments(layer),
+        qo_indptr_ptr=qo_indptr, kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, prefix_lens_ptr=prefix_lens,
         sm_scale_log2=sm_scale * math.log2(math.e),
-        stride_qt=q.stride(0),
-        stride_qh=q.stride(1),
-        stride_kt=k.stride(0),
-        stride_kh=k.stride(1),
-        stride_vt=v.stride(0),
-        stride_vh=v.stride(1),
-        stride_ot=out.stride(0),
-        stride_oh=out.stride(1),
-        **rotate,
-        GROUP=hq // h,
-        BLOCK_M=tune.block_m,
-        GP=gp,
-        BLOCK_N=tune.block_n,
-        POSITION=bool(position),
-        INTERPRET=interpreting(),
-        USE_ASM=use_asm(q.device),
-        PREFETCH=bool(tune.prefetch),
+        strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
+        **rotate, GROUP=hq // h, POSITION=bool(position),
+        # how it runs (_ExtendTuning)
+        BLOCK_M=tune.block_m, GP=gp, BLOCK_N=tune.block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
         num_warps=tune.num_warps,
     )
     return out

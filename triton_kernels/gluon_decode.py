@@ -1,12 +1,13 @@
 """Decode stage 1 in Triton's Gluon dialect: explicit ``mma_v2`` operand layouts on layout v1 (issue 14
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
-First run on a GPU (H100, Triton 3.6.0, commit a464603): its ``gpu`` tests in
-tests/test_kernels_decode_gluon.py pass, 0.92-1.17x the default kernel (design note). Opt-in only:
-``oscar_decode_attention`` runs it when its private ``_tuning`` has ``gluon=True``, never by
-default; ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed:
-register prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query),
-compiled but not yet timed (design note, section 8).
+On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
+pass against the torch reference; on the H200 the "regs1" variant (register prefetch, the default)
+is 1.01-1.25x the Triton stage 1 (benches/results/kernels_gluon_variants_dc03213/). It is the
+decode default for small batches where it can run (``decode._default_tuning``, ``GLUON_MAX_PAIRS``);
+``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed: register
+prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query), timed in
+the same sweep (none beat "regs1" at the default split count).
 
 Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, split
 ``num_splits`` takes the last page, one normalized partial and log-sum-exp per (request, query

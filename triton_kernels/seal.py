@@ -19,30 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_int32, check_pool, check_staging, pack_codes, quantize
+from .common import check_int32, check_pool, check_staging, pack_codes, pool_format, quantize
 
 
 @triton.jit(do_not_specialize=["num_plan"])
 def _seal_kernel(
-    plan_ptr,
-    stg_k_ptr,
-    stg_v_ptr,
-    stg_scale_ptr,
-    k_codes_ptr,
-    k_params_ptr,
-    v_codes_ptr,
-    v_params_ptr,
-    scale_ptr,
-    num_plan,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    P: tl.constexpr,
-    G_K: tl.constexpr,
-    G_V: tl.constexpr,
-    S: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BITS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    plan_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, k_codes_ptr, k_params_ptr, v_codes_ptr, v_params_ptr, scale_ptr, num_plan,
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     i_p = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -154,14 +138,8 @@ def oscar_seal(
         v_params_ptr=v_params,
         scale_ptr=scale if scale is not None else k_codes,
         num_plan=n,
-        H=h,
-        D=d,
-        P=p,
-        G_K=k_group,
-        G_V=v_group,
-        S=s_cols,
+        **pool_format(k_codes, staging_k, scale, bits=bits, k_group=k_group, v_group=v_group),
         BLOCK_S=triton.next_power_of_2(max(s_cols, 1)),
-        BITS=bits,
         BLOCK_D=block_d,
         num_warps=4,
         # The quantizer must round exactly like the reference: no a*b+c contraction anywhere.

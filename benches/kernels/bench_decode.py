@@ -242,7 +242,7 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
 
 
 def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
-                waves: tuple[float, ...] = ()) -> dict:
+                waves: tuple[float, ...] = (), mode: str = "qrot") -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
@@ -252,7 +252,9 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     Gluon stage-1 variants (``gluon_decode.GLUON_VARIANTS``), each its own column ``gluon:<name>``
     at the default's split count, and ``gluon:<name>@w<W>`` at the split count of ``W`` programs
     per SM for each of ``waves``; the first variant at the default splits is also reported as
-    ``gluon`` (its speedup and agreement)."""
+    ``gluon`` (its speedup and agreement). ``mode="fused"`` (``--gluon-step``): the whole decode
+    step of a layer instead, the new token's write and the query rotation included (fused into
+    the Triton stage 1; a separate write launch before the Gluon stage 1), as the backend runs it."""
     probe = OscarSetup(bits, batch, ctx, 1)
     per_call = probe.kv_bytes()
     del probe
@@ -261,7 +263,8 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     default = _dec._default_tuning(batch, H, D, P)
     splits = _dec.pick_num_splits(batch, H, waves=default.waves)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-    res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call}
+    res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call,
+           "mode": mode}
     outs = {}
     labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants]
     res["variants"] = labels
@@ -275,10 +278,10 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
                  for v in variants]
     for name, tune, wsc in cols:
         try:
-            st.call(0, tuning=tune, ws=wsc, mode="qrot")()
+            st.call(0, tuning=tune, ws=wsc, mode=mode)()
             torch.cuda.synchronize()
             outs[name] = st.out.clone()
-            t = time_calls([st.call(c, tuning=tune, ws=wsc, mode="qrot") for c in range(copies)])
+            t = time_calls([st.call(c, tuning=tune, ws=wsc, mode=mode) for c in range(copies)])
             res[name] = {**t, "TBps": per_call / (t["us"] * 1e-6) / 1e12}
             log(f"    {name:20s}: {t['us']:8.2f} us  {res[name]['TBps']:.2f} TB/s (KV bytes only)")
         except Exception as e:  # noqa: BLE001 - reported, the other variants still run
@@ -308,7 +311,9 @@ def gluon_markdown(rows: list[dict], meta: dict) -> str:
     variants = next((r["variants"] for r in rows if "variants" in r), ["regs1"])
     head = " | ".join(f"{v} us (x default)" for v in variants)
     out = [f"Gluon stage 1 variants vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
-           f"{meta['date']}); queries rotated beforehand, no write; times in us (CUDA graphs over distinct KV copies).", "",
+           f"{meta['date']}); " + ("the whole decode step (write and query rotation included)"
+                                    if meta.get("gluon_mode") == "fused" else "queries rotated beforehand, no write")
+           + "; times in us (CUDA graphs over distinct KV copies).", "",
            f"| B | ctx | bits | default us | Triton + merge launch us | {head} | best | max rel RMS vs default |",
            "|---|---|---|---|---|" + "---|" * len(variants) + "---|---|"]
     for r in rows:
@@ -515,8 +520,7 @@ def bench_write(batch: int) -> dict:
 
 # (batch, cached prefix, new tokens): prefix-cache hits, then fresh prompts (prefill chunks)
 EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128), (1, 0, 8192), (4, 0, 2048), (1, 8192, 8192)]
-# (block_m, num_warps, prefetch); (0, 0, False) = the launcher's default
-EXTEND_VARIANTS = [(0, 0, False), (64, 4, False), (128, 4, False), (64, 8, False), (128, 8, True), (256, 8, True), (128, 4, True)]
+EXTEND_VARIANTS = [(0, 0), (64, 4), (128, 4), (64, 8)]  # (block_m, num_warps); (0, 0) = default
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
@@ -545,14 +549,14 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
                                max_new_tokens=new, out=out, **kw)  # fmt: skip
 
     res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
-    for bm, nw, pf in EXTEND_VARIANTS:  # (0, 0, False): the launcher's default
-        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw, prefetch=pf)}
+    for bm, nw in EXTEND_VARIANTS:  # (0, 0): the launcher's default
+        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw)}
         try:
             tv = time_calls([lambda kw=kw: oscar(**kw)])
         except Exception as e:  # noqa: BLE001
-            res["variants"].append({"block_m": bm, "num_warps": nw, "prefetch": pf, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            res["variants"].append({"block_m": bm, "num_warps": nw, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
-        res["variants"].append({"block_m": bm, "num_warps": nw, "prefetch": pf, **tv})
+        res["variants"].append({"block_m": bm, "num_warps": nw, **tv})
     ok = [v for v in res["variants"] if "us" in v]
     res["oscar"] = min(ok, key=lambda v: v["us"])
     res["oscar_default_us"] = ok[0]["us"] if ok and ok[0]["block_m"] == 0 else None
@@ -723,14 +727,14 @@ def markdown(res: dict, rows: list[dict]) -> str:
         lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
                   "prompt) with --oscar-prefill position (default; best of the tuning sweep and the default tuning) "
                   "and exact (default tuning) vs SGLang's Triton extend kernel on BF16 KV:", "",
-                  "| bits | B | prefix | new | position us (best) | position default us | best (block_m, warps, prefetch) | exact us | SGLang us | x SGLang (position) | exact / position |",
+                  "| bits | B | prefix | new | position us (best) | position default us | best (block_m, warps) | exact us | SGLang us | x SGLang (position) | exact / position |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in ext:
             sg = e.get("sglang", {}).get("us")
             dflt = e.get("oscar_default_us")
             ex = e.get("oscar_exact", {}).get("us")
             lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {e['oscar']['us']:.1f} | "
-                         f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}, {e['oscar'].get('prefetch', False)}) | "
+                         f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}) | "
                          f"{ex if ex is None else round(ex, 1)} | "
                          f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} | "
                          f"{ex and dflt and round(ex / dflt, 2)} |")
@@ -765,6 +769,7 @@ def main() -> None:
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
+    ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -787,13 +792,14 @@ def main() -> None:
         if any(w <= 0 for w in gwaves):
             raise ValueError(f"--gluon-waves must be positive programs per SM, got {args.gluon_waves}")
         meta["gluon_waves"] = list(gwaves)
+        meta["gluon_mode"] = "fused" if args.gluon_step else "qrot"
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
         for b, ctx in shapes:
             for bits in (2, 4):
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
-                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves))
+                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"]))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})

@@ -65,16 +65,18 @@ def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: in
 
     from oscar_sgl.kernels import decode as dec
 
-    ptrs = {"qrot_ptr": "*fp32", "kw_ptr": "*i32", "kp_ptr": "*i32", "vw_ptr": "*i32", "vp_ptr": "*i32", "scale_ptr": "*fp32",
-            "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
+    pool = ("*i32", "*i32", "*i32", "*i32", "*fp32", "*bf16", "*bf16", "*i32")  # decode.POOL_TENSORS
+    ptrs = {"qrot_ptr": "*fp32", "pool": pool, "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
             "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "q_ptr": "*bf16", "new_k_ptr": "*bf16",
             "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16"}
-    ints = {k: "i32" for k in ("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_vb", "stride_vh", "stride_ob", "stride_oh")}
+    ints = {"strides": ("i32",) * 8}
     const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
                  INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True)
     sig = {**ptrs, **ints, "sm_scale_log2": "fp32", **{k: "constexpr" for k in const}}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v.startswith("*")}
+    sig = {k: sig[k] for k in dec._decode_stage1_kernel.arg_names}
+    attrs = {path: [["tt.divisibility", 16]] for i, v in enumerate(sig.values())
+             for path, t in (zip([(i, j) for j in range(len(v))], v) if isinstance(v, tuple) else [((i,), v)]) if t.startswith("*")}
     src = ASTSource(dec._decode_stage1_kernel, sig, const, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 3})
 

@@ -249,7 +249,7 @@ def kernel_functions(ctx):
 
 def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, variant="regs1"):
     var = G.gluon_variant(variant)
-    args = kdecode.pool_arguments(pool.layer)
+    args = kdecode.named_pool_arguments(pool.layer)
     b, hq, d = q_rot.shape
     h = args["H"]
     n_part = part_o.shape[2]

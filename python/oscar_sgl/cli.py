@@ -623,7 +623,10 @@ def cmd_eval_needle(args: argparse.Namespace) -> int:
     methods: list[Any] = []
     trials: list[Any] = []
     per_prompt = (0 if args.server_only else 1 + len(configs)) + len(servers)
-    bar = _needle_bar(len(prompts) * per_prompt, not args.no_progress)
+    from .evaluate import progress_bar
+
+    # one step per generation (a prompt through one method)
+    bar = progress_bar(len(prompts) * per_prompt, not args.no_progress, unit="gen", desc="needle")
     if not args.server_only:
         _setup_torch(args.threads)
         lm = models.load_model(str(folder))
@@ -666,19 +669,6 @@ def cmd_eval_needle(args: argparse.Namespace) -> int:
         nd.plot(report, args.png)
         print(f"wrote {args.png}")
     return 0
-
-
-def _needle_bar(total: int, enabled: bool) -> Any:
-    """The progress bar of `eval needle`: one step per generation (a prompt through one method)."""
-    from .evaluate import _NoBar
-
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, unit="gen", desc="needle", dynamic_ncols=True)
 
 
 def _plan_shape(args: argparse.Namespace) -> tuple[str, str, int, int, int]:

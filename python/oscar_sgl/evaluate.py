@@ -117,7 +117,7 @@ def perplexity(
         configs: quantization configs (methods x bits) to compare with full precision.
     """
     configs = list(configs)
-    bar = _bar((ids.shape[1] - prefix) * (len(configs) + 1), progress)
+    bar = progress_bar((ids.shape[1] - prefix) * (len(configs) + 1), progress)
     try:
         return _perplexity(model, ids, prefix, configs, bar.update)
     finally:
@@ -164,14 +164,16 @@ class _NoBar:
         return None
 
 
-def _bar(total: int, enabled: bool) -> Any:
+def progress_bar(total: int, enabled: bool, unit: str = "tok", desc: str = "scoring") -> Any:
+    """A tqdm progress bar of ``total`` steps (``unit``, labelled ``desc``), or one that shows nothing
+    when disabled or tqdm is not installed."""
     if not enabled:
         return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, unit="tok", desc="scoring", dynamic_ncols=True)
+    return tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -400,7 +402,7 @@ def perplexity_windows(
     bar: (full-precision PPL per window, per window one `PplResult` per config)."""
     configs = list(configs)
     total = sum(w.shape[1] - prefix for w in windows) * (len(configs) + 1)
-    bar = _bar(total, progress)
+    bar = progress_bar(total, progress)
     bases, results = [], []
     for ids in windows:
         base, res = _perplexity(model, ids, prefix, configs, bar.update)

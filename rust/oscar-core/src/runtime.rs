@@ -66,11 +66,15 @@ pub const NO_SLOT: i32 = -1;
 /// Largest page size: fills are stored as `u16`.
 pub const MAX_PAGE_SIZE: u32 = 1 << 15;
 
+/// Where a page's tokens are (docs/OSCAR.md: a page is filled in staging, then sealed once full).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum PageState {
+    /// Holds nothing; can be allocated.
     Free = 0,
+    /// Being filled: its tokens are BF16 in the staging slot the page map names.
     Open = 1,
+    /// Full and quantized into the packed pool (its staging slot released).
     Sealed = 2,
 }
 

@@ -10,6 +10,7 @@ oracle).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -82,7 +83,7 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
             FUSED_ADD=residual is not None, GEMMA=gemma, BLOCK=block, num_warps=min(16, max(1, block // 256)),
         )
         return out
-    y, r = rmsnorm_reference(x, weight, eps, page_size=residual, gemma=gemma)
+    y, r = rmsnorm_reference(x, weight, eps, residual=residual, gemma=gemma)
     if residual is not None:
         residual.copy_(r)
     out.copy_(y)
@@ -99,23 +100,18 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, resi
 
 
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
-            enable_pdl: Any = None) -> torch.Tensor:
-    return _norm(input, None, weight, eps, out, gemma=False)
+            enable_pdl: Any = None, *, gemma: bool = False) -> torch.Tensor:
+    return _norm(input, None, weight, eps, out, gemma=gemma)
 
 
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                      enable_pdl: Any = None) -> None:
-    _norm(input, residual, weight, eps, input, gemma=False)
+                      enable_pdl: Any = None, *, gemma: bool = False) -> None:
+    _norm(input, residual, weight, eps, input, gemma=gemma)
 
 
-def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
-                  enable_pdl: Any = None) -> torch.Tensor:
-    return _norm(input, None, weight, eps, out, gemma=True)
-
-
-def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                            enable_pdl: Any = None) -> None:
-    _norm(input, residual, weight, eps, input, gemma=True)
+# sgl_kernel's Gemma norms: the same signatures, scaling by 1 + weight.
+gemma_rmsnorm = functools.partial(rmsnorm, gemma=True)
+gemma_fused_add_rmsnorm = functools.partial(fused_add_rmsnorm, gemma=True)
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
