@@ -30,7 +30,6 @@ request but its last is sealed when decode runs.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -320,8 +319,11 @@ class _DecodeTuning:
         gluon: stage 1 written in Gluon with explicit MMA operand layouts (``gluon_decode``): one
             warp, ``block_n`` / ``block_t`` / ``waves`` / ``num_splits`` as above, the other launch
             options ignored; the write with the query rotation (``oscar_write_kv``) and the merge
-            with the inverse rotation are separate launches. The default up to
-            ``GLUON_MAX_PAIRS`` (request, KV head) pairs where it can run (``_gluon_usable``).
+            with the inverse rotation are separate launches. Opt-in (tests and benchmarks): its
+            stage 1 is 1.01-1.25x the Triton stage 1 on an H200, but a whole step with the two
+            extra launches is 0.63-0.93x the fused Triton step at short contexts and only
+            1.03-1.22x at long ones (benches/results/kernels.md, "Gluon"), and the default cannot
+            depend on lengths (CUDA graphs).
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
     """
@@ -339,42 +341,20 @@ class _DecodeTuning:
     gluon_variant: str = "regs1"
 
 
-GLUON_MAX_PAIRS = 128
-"""The Gluon stage 1 is the default for launches of up to this many (request, KV head) pairs, where
-it can run (``_gluon_usable``): measured side by side on the H200 (benches/results/kernels.md,
-"Gluon stage 1"), it is faster there than the Triton stage 1 with the write fused, and about even
-above."""
-
-
-def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int, gluon: bool = False) -> _DecodeTuning:
+def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
     """The decode configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
 
     head_dim <= 128: one warp per program on 32-token tiles, the transposed form; ~16 programs per
     SM below 512 (request, KV head) pairs, ~8 above (a one-warp program holds ~240 registers: 8 fit
-    on an SM); with ``gluon`` (the Gluon stage 1 can run this launch) the Gluon stage 1 up to
-    ``GLUON_MAX_PAIRS`` pairs, at the same split count. Larger head dims keep the first version's
+    on an SM); the Triton stage 1 with the write and the merge fused (the Gluon stage 1 is opt-in,
+    ``_DecodeTuning.gluon``). Larger head dims keep the first version's
     two warps on 64-token tiles and the plain form (not tuned on a GPU). The page size is a multiple
     of 32 (``oscar_sgl.supported``). Never depends on lengths: a launch replays in a CUDA graph."""
     block_t = min(page_size, 32 if head_dim <= 128 else 16)
     if head_dim <= 128:
         return _DecodeTuning(block_n=32, block_t=block_t, num_warps=1, transposed=True,
-                             waves=16.0 if batch * num_kv_heads < 512 else 8.0,
-                             gluon=gluon and batch * num_kv_heads <= GLUON_MAX_PAIRS)
+                             waves=16.0 if batch * num_kv_heads < 512 else 8.0)
     return _DecodeTuning(block_n=min(page_size, 64), block_t=block_t, num_warps=2, transposed=False, waves=4.0)
-
-
-@functools.lru_cache(maxsize=64)
-def _gluon_usable(device: torch.device, bits: int, head_dim: int, k_group: int, v_group: int, group: int) -> bool:
-    """Whether the Gluon stage 1 runs this layer on ``device`` (NVIDIA sm_80+, Triton 3.6, the
-    shapes ``gluon_decode.check_gluon_shape`` accepts at 32-token tiles); never in the interpreter."""
-    if interpreting() or gluon_decode.gluon_available(device) is not None:
-        return False
-    try:
-        gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=32,
-                                       group=group)
-    except ValueError:
-        return False
-    return True
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> int:
@@ -420,8 +400,8 @@ def oscar_decode_attention(
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
     with few splits the last program of each (request, KV head) merges them: one launch per layer
-    and step. Where the Gluon stage 1 is chosen (``_default_tuning``: small batches on NVIDIA GPUs
-    with Triton 3.6), three: the write with the query rotation, stage 1, the merge.
+    and step. With the opt-in Gluon stage 1 (``_tuning``), three: the write with the query
+    rotation, stage 1, the merge.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
@@ -461,11 +441,7 @@ def oscar_decode_attention(
         new_strides = (new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1))
     if q_rot is not None:
         check_fp32_buffer("q_rot", q_rot, (b, hq, d))
-    if _tuning is None:
-        usable = _gluon_usable(q.device, layer.bits, d, layer.k_group, layer.v_group, group)
-        tune = _default_tuning(b, h, d, p, gluon=usable)
-    else:
-        tune = _tuning
+    tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     if tune.gluon:
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,

@@ -3,8 +3,9 @@ item 1, first step; design: benches/results/kernels_gluon_design.md).
 
 On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
 pass against the torch reference; on the H200 the "regs1" variant (register prefetch, the default)
-is 1.01-1.25x the Triton stage 1 (benches/results/kernels_gluon_variants_dc03213/). It is the
-decode default for small batches where it can run (``decode._default_tuning``, ``GLUON_MAX_PAIRS``);
+is 1.01-1.25x the Triton stage 1 (benches/results/kernels_gluon_variants_dc03213/). It is opt-in
+(``decode._DecodeTuning.gluon``, tests and benchmarks): with the write and the merge as separate
+launches a whole decode step loses to the fused Triton step at short contexts (kernels.md, "Gluon");
 ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed: register
 prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query), timed in
 the same sweep (none beat "regs1" at the default split count).
@@ -475,13 +476,9 @@ if gl is not None:
         i_h = gl.program_id(1).to(gl.int64)
         i_s = gl.program_id(2)
         n_split = gl.num_programs(2) - 1
-        HQ: gl.constexpr = H * GROUP
         TPP: gl.constexpr = P // BLOCK_N
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        if S > 1:
-            s_col = i_h
-        else:
-            s_col = 0
+        s_col = i_h if S > 1 else 0  # the token-scale column: per head, or one for the layer
 
         seq_len = gl.load(seq_lens_ptr + i_b)
         kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
@@ -494,7 +491,7 @@ if gl is not None:
         # queries Q^T [D, BLOCK_H]: k positions in the key operand's channel order (sealed tiles)
         o_p = gl.arange(0, D, layout=gl.SliceLayout(1, LLOAD))
         o_n = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, LLOAD))
-        q_row = (i_b * HQ + i_h * GROUP + o_n) * D
+        q_row = ((i_b * H + i_h) * GROUP + o_n) * D
         m_n = (o_n < GROUP)[None, :]
 
         if i_s < n_split:
@@ -585,7 +582,7 @@ if gl is not None:
         b_o = acc / gl.where(has, l_i, 1.0)[None, :]
         o_c = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)), D, BITS)
         o_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, MMA))
-        o_part = (i_b * HQ + i_h * GROUP + o_h) * (n_split + 1) + i_s
+        o_part = ((i_b * H + i_h) * GROUP + o_h) * (n_split + 1) + i_s
         gl.store(part_o_ptr + o_part[None, :] * D + o_c[:, None], b_o, mask=(o_h < GROUP)[None, :])
         gl.store(part_lse_ptr + o_part, b_lse, mask=o_h < GROUP)
 
