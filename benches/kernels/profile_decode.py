@@ -4,7 +4,8 @@
         --section SpeedOfLight ... python3 benches/kernels/profile_decode.py --shape 8x32768 --config 32:1:3:16:0:1
 
 Each configuration (``bn:nw:ns:waves[:maxnreg[:transposed]]`` as in ``bench_decode.py --variants``;
-block_n 0 = the launcher's default) is launched twice (compile + warm-up, then the profiled launch),
+block_n 0 = the launcher's default; ``gluon`` or ``gluon:VARIANT``: the opt-in Gluon stage 1 at the
+default split count, ``VARIANT`` a key of ``gluon_decode.GLUON_VARIANTS``, default ``regs1``) is launched twice (compile + warm-up, then the profiled launch),
 on the same random pool as the benchmark. ``run_gpu_profile.sh`` runs it under ncu for several
 configurations and keeps each report as text.
 """
@@ -33,8 +34,13 @@ def main() -> None:
     ap.add_argument("--config", default="0:0:3:0")
     args = ap.parse_args()
     batch, ctx = (int(x) for x in args.shape.split("x"))
-    bn, nw, ns, waves, mr, tr = parse_variant(args.config)
     tune = _dec._default_tuning(batch, H, D, P)
+    if args.config.startswith("gluon"):
+        variant = args.config.partition(":")[2] or "regs1"
+        tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant)
+        bn = 0
+    else:
+        bn, nw, ns, waves, mr, tr = parse_variant(args.config)
     if bn != 0:
         tune = dataclasses.replace(tune, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                    transposed=bool(tr))
@@ -46,7 +52,7 @@ def main() -> None:
         run()
     torch.cuda.synchronize()
     print(f"profiled: INT{args.bits} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
-          f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
+          f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} gluon={tune.gluon} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":
