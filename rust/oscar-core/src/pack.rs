@@ -61,6 +61,42 @@ pub fn row_bytes(head_dim: usize, bits: u32) -> Result<usize> {
     Ok(head_dim * bits as usize / 8)
 }
 
+/// Where a group's grid starts (`OscarConfig.offset`, docs/OSCAR.md §2.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Offset {
+    /// An integer zero point: `zero = round(-lo / scale)`, `offset = -zero * scale` (the paper).
+    #[default]
+    Integer,
+    /// The group minimum itself: `offset = lo`, `q = round((x - lo) / scale)`.
+    Min,
+}
+
+impl Offset {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "integer" => Ok(Self::Integer),
+            "min" => Ok(Self::Min),
+            _ => Err(Error::layout(format!("offset must be 'integer' or 'min', got {name:?}"))),
+        }
+    }
+}
+
+/// How the groups of one part (keys or values) are quantized at seal time: the offset rule and
+/// whether the MSE clip search runs (`OscarConfig.offset` / `clip`). The default is the paper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quantizer {
+    pub offset: Offset,
+    pub clip: bool,
+}
+
+/// Clip search candidates: `[lo + w*c, hi - w*c]` for each `c`, `w = hi - lo` (ratios 1, 15/16,
+/// 7/8, 13/16, 3/4 of the width; exact binary fractions). `oscar_sgl.reference.CLIP_SHRINK`.
+pub const CLIP_SHRINK: [f32; 5] = [0.0, 1.0 / 32.0, 2.0 / 32.0, 3.0 / 32.0, 4.0 / 32.0];
+/// A candidate's score: `sum t^2` in integers, `t = round(|x_hat - x| / w * 2^20)` capped at 2^24,
+/// so any summation order gives the same choice (`oscar_sgl.reference.clip_score`).
+const CLIP_SCORE_ONE: f32 = 1_048_576.0;
+const CLIP_SCORE_CAP: f32 = 16_777_216.0;
+
 /// Parameters of one quantization group (docs/LAYOUT.md §1).
 #[derive(Debug, Clone, Copy)]
 struct Group {
@@ -68,26 +104,75 @@ struct Group {
     zero: f32,
     offset: f32,
     normal: bool,
+    mode: Offset,
 }
 
 impl Group {
-    fn new(lo: f32, hi: f32, qmax: f32) -> Self {
-        if hi > lo {
-            let scale = (hi - lo) / qmax;
-            let zero = (-lo / scale).round_ties_even();
-            Self { scale, zero, offset: (-zero) * scale, normal: true }
-        } else {
-            Self { scale: 0.0, zero: 0.0, offset: lo, normal: false }
+    fn new(lo: f32, hi: f32, qmax: f32, mode: Offset) -> Self {
+        match mode {
+            Offset::Integer if hi > lo => {
+                let scale = (hi - lo) / qmax;
+                let zero = (-lo / scale).round_ties_even();
+                Self { scale, zero, offset: (-zero) * scale, normal: true, mode }
+            }
+            Offset::Min if (hi - lo) / qmax > 0.0 => {
+                Self { scale: (hi - lo) / qmax, zero: 0.0, offset: lo, normal: true, mode }
+            }
+            _ => Self { scale: 0.0, zero: 0.0, offset: lo, normal: false, mode },
+        }
+    }
+
+    /// The code of `x` as an f32 integer in `[0, qmax]` (NaN only where the reference has it too).
+    #[inline]
+    fn code_f32(&self, x: f32, qmax: f32) -> f32 {
+        if !self.normal {
+            return 0.0;
+        }
+        match self.mode {
+            Offset::Integer => ((x / self.scale).round_ties_even() + self.zero).clamp(0.0, qmax),
+            Offset::Min => ((x - self.offset) / self.scale).round_ties_even().clamp(0.0, qmax),
         }
     }
 
     #[inline]
     fn code(&self, x: f32, qmax: f32) -> u8 {
-        if !self.normal {
-            return 0;
-        }
         // Integer-valued and inside [0, qmax] after the clamp: the cast is exact.
-        ((x / self.scale).round_ties_even() + self.zero).clamp(0.0, qmax) as u8
+        self.code_f32(x, qmax) as u8
+    }
+
+    /// The clip search score of this group's grid over `xs` (canonical values), `width` the
+    /// unclipped group's `hi - lo`.
+    fn score(&self, xs: &[f32], width: f32, qmax: f32) -> i64 {
+        let w = if width > 0.0 { width } else { 1.0 };
+        xs.iter()
+            .map(|&x| {
+                let err = (self.code_f32(x, qmax) * self.scale + self.offset - x).abs();
+                let t = (err / w * CLIP_SCORE_ONE).round_ties_even();
+                let t = (if t <= CLIP_SCORE_CAP { t } else { CLIP_SCORE_CAP }) as i64;
+                t * t
+            })
+            .sum()
+    }
+
+    /// The group of canonical values `xs` with min/max `lo`/`hi`, clip-searched when asked: the
+    /// candidate of least score, the widest on ties.
+    fn choose(xs: &[f32], lo: f32, hi: f32, qmax: f32, quant: Quantizer) -> Self {
+        let mut best = Self::new(lo, hi, qmax, quant.offset);
+        if !quant.clip {
+            return best;
+        }
+        let width = hi - lo;
+        let mut best_score = best.score(xs, width, qmax);
+        for &c in &CLIP_SHRINK[1..] {
+            let d = width * c;
+            let g = Self::new(lo + d, hi - d, qmax, quant.offset);
+            let score = g.score(xs, width, qmax);
+            if score < best_score {
+                best = g;
+                best_score = score;
+            }
+        }
+        best
     }
 }
 
@@ -184,6 +269,11 @@ fn check_v_shape(shape: BlockShape, bits: u32, v_group: usize) -> Result<usize> 
 /// `values`: `[H, n, D]` f32, `n` a multiple of `k_group`. One group is `k_group` consecutive tokens
 /// of one (head, channel). Returns codes `[H, n, D*b/8]` and params `[H, n/G_K, 2, D]`.
 pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> Result<Packed> {
+    pack_k_with(values, shape, bits, k_group, Quantizer::default())
+}
+
+/// [`pack_k`] with the seal-time quantizer options `quant`.
+pub fn pack_k_with(values: &[f32], shape: BlockShape, bits: u32, k_group: usize, quant: Quantizer) -> Result<Packed> {
     let qmax = check_bits(bits)?;
     let rb = check_k_shape(shape, bits, k_group)?;
     check_len("key values", values.len(), shape.elements()?)?;
@@ -193,7 +283,8 @@ pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> R
     let mut params = vec![f16::ZERO; heads * groups * 2 * d];
     let mut lo = vec![0f32; d];
     let mut hi = vec![0f32; d];
-    let mut quant = Vec::with_capacity(d);
+    let mut groups_of = Vec::with_capacity(d);
+    let mut column = vec![0f32; if quant.clip { k_group } else { 0 }];
     for h in 0..heads {
         for g in 0..groups {
             let first = (h * tokens + g * k_group) * d;
@@ -214,20 +305,25 @@ pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> R
                     }
                 }
             }
-            quant.clear();
+            groups_of.clear();
             for c in 0..d {
                 check_range(lo[c], hi[c])?;
-                quant.push(Group::new(lo[c], hi[c], qmax));
+                if quant.clip {
+                    for (t, x) in column.iter_mut().enumerate() {
+                        *x = block[t * d + c] + 0.0;
+                    }
+                }
+                groups_of.push(Group::choose(&column, lo[c], hi[c], qmax, quant));
             }
             let p = (h * groups + g) * 2 * d;
-            for (c, q) in quant.iter().enumerate() {
+            for (c, q) in groups_of.iter().enumerate() {
                 params[p + c] = f16::from_f32(q.scale);
                 params[p + d + c] = f16::from_f32(q.offset);
             }
             for (t, row) in block.chunks_exact(d).enumerate() {
                 let out_row = (h * tokens + g * k_group + t) * rb;
                 let dst = &mut codes[out_row..out_row + rb];
-                for (c, (&v, q)) in row.iter().zip(&quant).enumerate() {
+                for (c, (&v, q)) in row.iter().zip(&groups_of).enumerate() {
                     put_code(dst, c, q.code(v + 0.0, qmax), bits);
                 }
             }
@@ -240,6 +336,11 @@ pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> R
 ///
 /// `values`: `[H, n, D]` f32 (any `n`). Returns codes `[H, n, D*b/8]` and params `[H, n, 2, D/G_V]`.
 pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> Result<Packed> {
+    pack_v_with(values, shape, bits, v_group, Quantizer::default())
+}
+
+/// [`pack_v`] with the seal-time quantizer options `quant`.
+pub fn pack_v_with(values: &[f32], shape: BlockShape, bits: u32, v_group: usize, quant: Quantizer) -> Result<Packed> {
     let qmax = check_bits(bits)?;
     let rb = check_v_shape(shape, bits, v_group)?;
     check_len("value values", values.len(), shape.elements()?)?;
@@ -248,6 +349,7 @@ pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> R
     let rows = shape.heads * shape.tokens;
     let mut codes = vec![0u8; rows * rb];
     let mut params = vec![f16::ZERO; rows * 2 * groups];
+    let mut seg_c = vec![0f32; v_group];
     for (r, row) in values.chunks_exact(d).enumerate() {
         let dst = &mut codes[r * rb..(r + 1) * rb];
         for g in 0..groups {
@@ -265,7 +367,10 @@ pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> R
                 }
             }
             check_range(lo, hi)?;
-            let q = Group::new(lo, hi, qmax);
+            for (x, &v) in seg_c.iter_mut().zip(seg) {
+                *x = v + 0.0;
+            }
+            let q = Group::choose(&seg_c, lo, hi, qmax, quant);
             params[r * 2 * groups + g] = f16::from_f32(q.scale);
             params[r * 2 * groups + groups + g] = f16::from_f32(q.offset);
             for (i, &v) in seg.iter().enumerate() {
