@@ -450,6 +450,49 @@ mod tests {
     }
 
     #[test]
+    fn min_offset_spans_the_group_exactly() {
+        // lo=-0.5, hi=2.5: scale 1. Integer zero point: round(0.5) = 0 (ties to even), offset 0, so
+        // -0.5 decodes to 0. Min offset: offset -0.5, the grid is {-0.5, 0.5, 1.5, 2.5}.
+        let shape = BlockShape::new(1, 4, 4);
+        let mut x = vec![0f32; 16];
+        for (t, v) in [-0.5f32, 0.25, 1.0, 2.5].iter().enumerate() {
+            x[t * 4] = *v;
+        }
+        let int = pack_k(&x, shape, 2, 4).unwrap();
+        assert_eq!(int.params[4].to_f32(), 0.0);
+        let min = pack_k_with(&x, shape, 2, 4, Quantizer { offset: Offset::Min, clip: false }).unwrap();
+        assert_eq!((min.params[0].to_f32(), min.params[4].to_f32()), (1.0, -0.5));
+        assert_eq!(min.codes, vec![0, 1, 2, 3]);
+        let y = unpack_k(&min.codes, &min.params, shape, 2, 4).unwrap();
+        assert_eq!((y[0], y[12]), (-0.5, 2.5));
+        assert!(Offset::parse("max").is_err());
+    }
+
+    #[test]
+    fn clip_search_shrinks_an_outlier_group_and_lowers_its_error() {
+        // One value channel group of 32: 31 values in [-1, 1] and one outlier at 6.
+        let shape = BlockShape::new(1, 1, 32);
+        let mut seed = 3u64;
+        let mut x: Vec<f32> = (0..32).map(|_| lcg(&mut seed) / 4.0).collect();
+        x[7] = 6.0;
+        let sq = |p: &Packed| {
+            let y = unpack_v(&p.codes, &p.params, shape, 2, 32).unwrap();
+            x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>()
+        };
+        for offset in [Offset::Integer, Offset::Min] {
+            let plain = pack_v_with(&x, shape, 2, 32, Quantizer { offset, clip: false }).unwrap();
+            let clipped = pack_v_with(&x, shape, 2, 32, Quantizer { offset, clip: true }).unwrap();
+            assert!(clipped.params[0].to_f32() < plain.params[0].to_f32(), "{offset:?}: the range did not shrink");
+            assert!(sq(&clipped) < sq(&plain), "{offset:?}");
+            assert_eq!(pack_v(&x, shape, 2, 32).unwrap(), pack_v_with(&x, shape, 2, 32, Quantizer::default()).unwrap());
+        }
+        // A constant group keeps its constant (every candidate scores 0: the first wins).
+        let c = vec![1.5f32; 32];
+        let p = pack_v_with(&c, shape, 2, 32, Quantizer { offset: Offset::Min, clip: true }).unwrap();
+        assert_eq!((p.params[0].to_f32(), p.params[1].to_f32()), (0.0, 1.5));
+    }
+
+    #[test]
     fn constant_groups_have_no_nan() {
         let shape = BlockShape::new(2, 32, 8);
         let x = vec![3.25f32; shape.elements().unwrap()];
