@@ -129,25 +129,18 @@ def test_pack_k_after_token_scaling(case: tuple[np.ndarray, int, int], scope: st
 
 
 @SETTINGS
-@given(k_cases(), _OPTIONS)
-def test_pack_k_options_match_reference(case: tuple[np.ndarray, int, int], options: tuple[str, bool]) -> None:
-    x, bits, k_group = case
+@given(st.one_of(k_cases().map(lambda c: ("k", c)), v_cases().map(lambda c: ("v", c))), _OPTIONS)
+def test_pack_options_match_reference(case: tuple[str, tuple[np.ndarray, int, int]], options: tuple[str, bool]) -> None:
+    """Keys or values with the seal-time quantizer options (docs/OSCAR.md §2.3), byte for byte."""
+    part, (x, bits, group) = case
     offset, clip = options
-    codes, params = _rust_k(x, bits, k_group, offset, clip)
-    ref = reference.pack_k(torch.from_numpy(x), None, _cfg(bits, k_group=k_group, offset=offset, clip="keys" if clip else "values"))
-    assert codes == ref.codes.numpy().tobytes()
-    assert params == ref.params.numpy().tobytes()
-
-
-@SETTINGS
-@given(v_cases(), _OPTIONS)
-def test_pack_v_options_match_reference(case: tuple[np.ndarray, int, int], options: tuple[str, bool]) -> None:
-    x, bits, v_group = case
-    offset, clip = options
-    codes, params = _rust_v(x, bits, v_group, offset, clip)
-    ref = reference.pack_v(torch.from_numpy(x), _cfg(bits, v_group=v_group, offset=offset, clip="values" if clip else "keys"))
-    assert codes == ref.codes.numpy().tobytes()
-    assert params == ref.params.numpy().tobytes()
+    if part == "k":
+        codes, params = _rust_k(x, bits, group, offset, clip)
+        ref = reference.pack_k(torch.from_numpy(x), None, _cfg(bits, k_group=group, offset=offset, clip="keys" if clip else "values"))
+    else:
+        codes, params = _rust_v(x, bits, group, offset, clip)
+        ref = reference.pack_v(torch.from_numpy(x), _cfg(bits, v_group=group, offset=offset, clip="values" if clip else "keys"))
+    assert (codes, params) == (ref.codes.numpy().tobytes(), ref.params.numpy().tobytes())
 
 
 @pytest.mark.parametrize("bits", [2, 4])

@@ -267,13 +267,9 @@ fn check_v_shape(shape: BlockShape, bits: u32, v_group: usize) -> Result<usize> 
 /// Quantize and pack keys already divided by their token scale.
 ///
 /// `values`: `[H, n, D]` f32, `n` a multiple of `k_group`. One group is `k_group` consecutive tokens
-/// of one (head, channel). Returns codes `[H, n, D*b/8]` and params `[H, n/G_K, 2, D]`.
-pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> Result<Packed> {
-    pack_k_with(values, shape, bits, k_group, Quantizer::default())
-}
-
-/// [`pack_k`] with the seal-time quantizer options `quant`.
-pub fn pack_k_with(values: &[f32], shape: BlockShape, bits: u32, k_group: usize, quant: Quantizer) -> Result<Packed> {
+/// of one (head, channel), quantized as `quant` says (`Quantizer::default()`: the paper's).
+/// Returns codes `[H, n, D*b/8]` and params `[H, n/G_K, 2, D]`.
+pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize, quant: Quantizer) -> Result<Packed> {
     let qmax = check_bits(bits)?;
     let rb = check_k_shape(shape, bits, k_group)?;
     check_len("key values", values.len(), shape.elements()?)?;
@@ -334,13 +330,9 @@ pub fn pack_k_with(values: &[f32], shape: BlockShape, bits: u32, k_group: usize,
 
 /// Quantize and pack values: one group is `v_group` consecutive channels of one (token, head).
 ///
-/// `values`: `[H, n, D]` f32 (any `n`). Returns codes `[H, n, D*b/8]` and params `[H, n, 2, D/G_V]`.
-pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> Result<Packed> {
-    pack_v_with(values, shape, bits, v_group, Quantizer::default())
-}
-
-/// [`pack_v`] with the seal-time quantizer options `quant`.
-pub fn pack_v_with(values: &[f32], shape: BlockShape, bits: u32, v_group: usize, quant: Quantizer) -> Result<Packed> {
+/// `values`: `[H, n, D]` f32 (any `n`), quantized as `quant` says. Returns codes `[H, n, D*b/8]` and
+/// params `[H, n, 2, D/G_V]`.
+pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize, quant: Quantizer) -> Result<Packed> {
     let qmax = check_bits(bits)?;
     let rb = check_v_shape(shape, bits, v_group)?;
     check_len("value values", values.len(), shape.elements()?)?;
@@ -426,20 +418,28 @@ pub fn unpack_v(codes: &[u8], params: &[f16], shape: BlockShape, bits: u32, v_gr
 mod tests {
     use super::*;
 
+    /// Today's quantizer: integer zero point, no clip search.
+    const PAPER: Quantizer = Quantizer { offset: Offset::Integer, clip: false };
+
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
     }
 
+    /// A key block of 4 tokens x 4 channels: channel 0 holds `column`, the others zeros.
+    fn one_channel(column: [f32; 4]) -> (BlockShape, Vec<f32>) {
+        let mut x = vec![0f32; 16];
+        for (t, v) in column.iter().enumerate() {
+            x[t * 4] = *v;
+        }
+        (BlockShape::new(1, 4, 4), x)
+    }
+
     #[test]
     fn known_group_int2() {
         // One channel, 4 tokens: lo=-1, hi=2 -> scale=1, zero=1, q = round(x)+1.
-        let shape = BlockShape::new(1, 4, 4);
-        let mut x = vec![0f32; 16];
-        for (t, v) in [-1.0f32, 0.0, 1.0, 2.0].iter().enumerate() {
-            x[t * 4] = *v;
-        }
-        let p = pack_k(&x, shape, 2, 4).unwrap();
+        let (shape, x) = one_channel([-1.0, 0.0, 1.0, 2.0]);
+        let p = pack_k(&x, shape, 2, 4, PAPER).unwrap();
         // Channel 0 codes 0,1,2,3 at bit offset 0 of byte 0 of each token row.
         assert_eq!(p.codes, vec![0, 1, 2, 3]);
         assert_eq!(p.params[0].to_f32(), 1.0); // scale of channel 0
@@ -453,14 +453,10 @@ mod tests {
     fn min_offset_spans_the_group_exactly() {
         // lo=-0.5, hi=2.5: scale 1. Integer zero point: round(0.5) = 0 (ties to even), offset 0, so
         // -0.5 decodes to 0. Min offset: offset -0.5, the grid is {-0.5, 0.5, 1.5, 2.5}.
-        let shape = BlockShape::new(1, 4, 4);
-        let mut x = vec![0f32; 16];
-        for (t, v) in [-0.5f32, 0.25, 1.0, 2.5].iter().enumerate() {
-            x[t * 4] = *v;
-        }
-        let int = pack_k(&x, shape, 2, 4).unwrap();
+        let (shape, x) = one_channel([-0.5, 0.25, 1.0, 2.5]);
+        let int = pack_k(&x, shape, 2, 4, PAPER).unwrap();
         assert_eq!(int.params[4].to_f32(), 0.0);
-        let min = pack_k_with(&x, shape, 2, 4, Quantizer { offset: Offset::Min, clip: false }).unwrap();
+        let min = pack_k(&x, shape, 2, 4, Quantizer { offset: Offset::Min, clip: false }).unwrap();
         assert_eq!((min.params[0].to_f32(), min.params[4].to_f32()), (1.0, -0.5));
         assert_eq!(min.codes, vec![0, 1, 2, 3]);
         let y = unpack_k(&min.codes, &min.params, shape, 2, 4).unwrap();
@@ -480,15 +476,18 @@ mod tests {
             x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>()
         };
         for offset in [Offset::Integer, Offset::Min] {
-            let plain = pack_v_with(&x, shape, 2, 32, Quantizer { offset, clip: false }).unwrap();
-            let clipped = pack_v_with(&x, shape, 2, 32, Quantizer { offset, clip: true }).unwrap();
+            let plain = pack_v(&x, shape, 2, 32, Quantizer { offset, clip: false }).unwrap();
+            let clipped = pack_v(&x, shape, 2, 32, Quantizer { offset, clip: true }).unwrap();
             assert!(clipped.params[0].to_f32() < plain.params[0].to_f32(), "{offset:?}: the range did not shrink");
             assert!(sq(&clipped) < sq(&plain), "{offset:?}");
-            assert_eq!(pack_v(&x, shape, 2, 32).unwrap(), pack_v_with(&x, shape, 2, 32, Quantizer::default()).unwrap());
+            assert_eq!(
+                pack_v(&x, shape, 2, 32, PAPER).unwrap(),
+                pack_v(&x, shape, 2, 32, Quantizer::default()).unwrap()
+            );
         }
         // A constant group keeps its constant (every candidate scores 0: the first wins).
         let c = vec![1.5f32; 32];
-        let p = pack_v_with(&c, shape, 2, 32, Quantizer { offset: Offset::Min, clip: true }).unwrap();
+        let p = pack_v(&c, shape, 2, 32, Quantizer { offset: Offset::Min, clip: true }).unwrap();
         assert_eq!((p.params[0].to_f32(), p.params[1].to_f32()), (0.0, 1.5));
     }
 
@@ -496,8 +495,8 @@ mod tests {
     fn constant_groups_have_no_nan() {
         let shape = BlockShape::new(2, 32, 8);
         let x = vec![3.25f32; shape.elements().unwrap()];
-        let k = pack_k(&x, shape, 4, 32).unwrap();
-        let v = pack_v(&x, shape, 4, 8).unwrap();
+        let k = pack_k(&x, shape, 4, 32, PAPER).unwrap();
+        let v = pack_v(&x, shape, 4, 8, PAPER).unwrap();
         assert!(k.codes.iter().all(|&b| b == 0) && v.codes.iter().all(|&b| b == 0));
         let kd = unpack_k(&k.codes, &k.params, shape, 4, 32).unwrap();
         let vd = unpack_v(&v.codes, &v.params, shape, 4, 8).unwrap();
@@ -517,8 +516,8 @@ mod tests {
         mixed[5] = 1.0;
         let mut pos2 = pos.clone();
         pos2[5] = 1.0;
-        assert_eq!(pack_k(&mixed, shape, 2, 32).unwrap(), pack_k(&pos2, shape, 2, 32).unwrap());
-        assert_eq!(pack_v(&mixed, shape, 2, 16).unwrap(), pack_v(&pos2, shape, 2, 16).unwrap());
+        assert_eq!(pack_k(&mixed, shape, 2, 32, PAPER).unwrap(), pack_k(&pos2, shape, 2, 32, PAPER).unwrap());
+        assert_eq!(pack_v(&mixed, shape, 2, 16, PAPER).unwrap(), pack_v(&pos2, shape, 2, 16, PAPER).unwrap());
     }
 
     #[test]
@@ -527,7 +526,7 @@ mod tests {
         for &(bits, d, g) in &[(2u32, 64usize, 32usize), (4, 128, 32), (2, 256, 64)] {
             let shape = BlockShape::new(3, 64, d);
             let x: Vec<f32> = (0..shape.elements().unwrap()).map(|_| lcg(&mut seed)).collect();
-            let k = pack_k(&x, shape, bits, g).unwrap();
+            let k = pack_k(&x, shape, bits, g, PAPER).unwrap();
             let y = unpack_k(&k.codes, &k.params, shape, bits, g).unwrap();
             let qmax = check_bits(bits).unwrap();
             // Half a step of the widest group (range <= 8) plus fp16 rounding of scale and offset.
@@ -551,16 +550,16 @@ mod tests {
     fn bad_inputs_are_errors() {
         let shape = BlockShape::new(1, 32, 64);
         let x = vec![1f32; shape.elements().unwrap()];
-        assert!(matches!(pack_k(&x, shape, 3, 32), Err(Error::Layout(_))));
-        assert!(matches!(pack_k(&x, shape, 2, 24), Err(Error::Layout(_))));
-        assert!(matches!(pack_k(&x[1..], shape, 2, 32), Err(Error::Layout(_))));
-        assert!(matches!(pack_v(&x, shape, 2, 48), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x, shape, 3, 32, PAPER), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x, shape, 2, 24, PAPER), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x[1..], shape, 2, 32, PAPER), Err(Error::Layout(_))));
+        assert!(matches!(pack_v(&x, shape, 2, 48, PAPER), Err(Error::Layout(_))));
         let mut nan = x.clone();
         nan[9] = f32::NAN;
-        assert!(matches!(pack_v(&nan, shape, 2, 32), Err(Error::Layout(_))));
+        assert!(matches!(pack_v(&nan, shape, 2, 32, PAPER), Err(Error::Layout(_))));
         let mut wide = x;
         wide[0] = f32::MAX;
         wide[64] = -f32::MAX;
-        assert!(matches!(pack_k(&wide, shape, 2, 32), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&wide, shape, 2, 32, PAPER), Err(Error::Layout(_))));
     }
 }

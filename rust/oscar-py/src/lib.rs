@@ -121,7 +121,7 @@ fn pack_block<'py>(
     offset: &str,
     clip: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let f = by_part::<PackFn>(py, part, pack::pack_k_with, pack::pack_v_with)?;
+    let f = by_part::<PackFn>(py, part, pack::pack_k, pack::pack_v)?;
     let quant = pack::Quantizer { offset: pack::Offset::parse(offset).map_err(|e| to_py_err(py, e))?, clip };
     let x = f32s(py, values)?;
     let shape = BlockShape::new(shape.0, shape.1, shape.2);
