@@ -17,6 +17,9 @@ from oscar_sgl import OscarConfig, OscarConfigError
         ({"norm_scope": "rank"}, "norm_scope must be 'layer' or 'head'"),
         ({"bits": True}, "bits must be an int"),
         ({"bits": 2.0}, "bits must be an int"),
+        ({"offset": "zero"}, "offset must be one of 'integer', 'min', got 'zero'"),
+        ({"clip": "all"}, "clip must be one of 'none', 'keys', 'values', 'both', got 'all'"),
+        ({"clip": None}, "clip must be one of 'none', 'keys', 'values', 'both', got None"),
     ],
 )
 def test_bad_config_rejected_at_construction(kwargs, match):
@@ -42,6 +45,20 @@ def test_from_flags_names_the_flags(kwargs, message):
     with pytest.raises(OscarConfigError) as e:
         OscarConfig.from_flags(flags, **kwargs)
     assert str(e.value) == message
+
+
+def test_seal_options_name_their_flags_and_label_the_config():
+    flags = {"offset": "--oscar-offset", "clip": "--oscar-clip"}
+    with pytest.raises(OscarConfigError) as e:
+        OscarConfig.from_flags(flags, clip="keys-and-values")
+    assert str(e.value) == "--oscar-clip must be one of 'none', 'keys', 'values', 'both', got 'keys-and-values'"
+    with pytest.raises(OscarConfigError) as e:
+        OscarConfig.from_flags(flags, offset="max")
+    assert str(e.value) == "--oscar-offset must be one of 'integer', 'min', got 'max'"
+    assert (OscarConfig().offset, OscarConfig().clip, OscarConfig().label) == ("integer", "none", "oscar")
+    assert OscarConfig.for_method("kivi", offset="min", clip="values").label == "kivi+min+clip-values"
+    assert [(OscarConfig(clip=c).clip_keys, OscarConfig(clip=c).clip_values) for c in ("none", "keys", "values", "both")] == [
+        (False, False), (True, False), (False, True), (True, True)]
 
 
 def test_from_flags_builds_the_same_config():

@@ -76,18 +76,22 @@ def v_cases(draw: st.DrawFn) -> tuple[np.ndarray, int, int]:
     return _fill(rng, (heads, tokens, head_dim), mode, magnitude), bits, v_group
 
 
-def _rust_k(x: np.ndarray, bits: int, k_group: int) -> tuple[bytes, bytes]:
+def _rust_k(x: np.ndarray, bits: int, k_group: int, offset: str = "integer", clip: bool = False) -> tuple[bytes, bytes]:
     h, n, d = x.shape
-    return _core.pack(x.tobytes(), shape=(h, n, d), bits=bits, part="k", group=k_group)
+    return _core.pack(x.tobytes(), shape=(h, n, d), bits=bits, part="k", group=k_group, offset=offset, clip=clip)
 
 
-def _rust_v(x: np.ndarray, bits: int, v_group: int) -> tuple[bytes, bytes]:
+def _rust_v(x: np.ndarray, bits: int, v_group: int, offset: str = "integer", clip: bool = False) -> tuple[bytes, bytes]:
     h, n, d = x.shape
-    return _core.pack(x.tobytes(), shape=(h, n, d), bits=bits, part="v", group=v_group)
+    return _core.pack(x.tobytes(), shape=(h, n, d), bits=bits, part="v", group=v_group, offset=offset, clip=clip)
 
 
-def _cfg(bits: int, k_group: int = 32, v_group: int = 32) -> OscarConfig:
-    return OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group)
+def _cfg(bits: int, k_group: int = 32, v_group: int = 32, offset: str = "integer", clip: str = "none") -> OscarConfig:
+    return OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, offset=offset, clip=clip)  # type: ignore[arg-type]
+
+
+#: The seal-time quantizer options (docs/OSCAR.md §2.3): (offset, clip searched).
+_OPTIONS = st.tuples(st.sampled_from(["integer", "min"]), st.booleans())
 
 
 @SETTINGS
@@ -124,25 +128,77 @@ def test_pack_k_after_token_scaling(case: tuple[np.ndarray, int, int], scope: st
     assert params == ref.params.numpy().tobytes()
 
 
+@SETTINGS
+@given(st.one_of(k_cases().map(lambda c: ("k", c)), v_cases().map(lambda c: ("v", c))), _OPTIONS)
+def test_pack_options_match_reference(case: tuple[str, tuple[np.ndarray, int, int]], options: tuple[str, bool]) -> None:
+    """Keys or values with the seal-time quantizer options (docs/OSCAR.md §2.3), byte for byte."""
+    part, (x, bits, group) = case
+    offset, clip = options
+    if part == "k":
+        codes, params = _rust_k(x, bits, group, offset, clip)
+        ref = reference.pack_k(torch.from_numpy(x), None, _cfg(bits, k_group=group, offset=offset, clip="keys" if clip else "values"))
+    else:
+        codes, params = _rust_v(x, bits, group, offset, clip)
+        ref = reference.pack_v(torch.from_numpy(x), _cfg(bits, v_group=group, offset=offset, clip="values" if clip else "keys"))
+    assert (codes, params) == (ref.codes.numpy().tobytes(), ref.params.numpy().tobytes())
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("offset,clip", [("integer", "none"), ("min", "none"), ("integer", "both"), ("min", "both")])
+def test_every_option_combination_matches_reference(bits: int, offset: str, clip: str) -> None:
+    """Every (offset, clip) pair at both widths on one fixed block of 2 heads x 64 tokens x 128
+    channels (gaussian, heavy tails, a constant and a zero channel): keys and values, byte for byte.
+    The options change the bytes (so a packer that ignored them fails here), and the clip search
+    never raises the reconstruction error of a group it searches."""
+    rng = np.random.default_rng(bits * 10 + len(offset) + len(clip))
+    x = (rng.standard_normal((2, 64, 128)) * rng.standard_exponential((2, 64, 128)) ** 2).astype(np.float32)
+    x[:, :, 3] = np.float32(0.75)
+    x[:, :, 5] = 0.0
+    xt = torch.from_numpy(x)
+    cfg, plain = _cfg(bits, offset=offset, clip=clip), _cfg(bits, offset=offset)
+    kb, vb = reference.pack_k(xt, None, cfg), reference.pack_v(xt, cfg)
+    assert _rust_k(x, bits, 32, offset, cfg.clip_keys) == (kb.codes.numpy().tobytes(), kb.params.numpy().tobytes())
+    assert _rust_v(x, bits, 32, offset, cfg.clip_values) == (vb.codes.numpy().tobytes(), vb.params.numpy().tobytes())
+    default_k = reference.pack_k(xt, None, _cfg(bits))
+    assert (offset, clip) == ("integer", "none") or not torch.equal(kb.params, default_k.params)
+    if clip != "none":
+        # Per group, the searched error (in the score's own fixed point, so exactly what was minimised) is <= the unclipped one.
+        g = xt.reshape(2, 2, 32, 128)
+        lo, hi = g.amin(2, keepdim=True), g.amax(2, keepdim=True)
+        qmax = float((1 << bits) - 1)
+        c_lo, c_hi = reference.clip_range(g, lo, hi, qmax, offset, 2)
+        searched = reference.clip_score(g, c_lo, c_hi, hi - lo, qmax, offset, 2)
+        unclipped = reference.clip_score(g, lo, hi, hi - lo, qmax, offset, 2)
+        assert (searched <= unclipped).all() and (searched < unclipped).any()
+        assert (c_hi - c_lo < hi - lo).any()
+
+
+def test_bad_offset_raises_layout_error() -> None:
+    x = np.ones((1, 32, 64), dtype=np.float32)
+    with pytest.raises(LayoutError, match="offset must be 'integer' or 'min', got \"mean\""):
+        _core.pack(x.tobytes(), part="k", shape=(1, 32, 64), bits=2, group=32, offset="mean")
+
+
 # Small blocks of arbitrary finite fp32 (subnormals, huge, tiny, ties) drawn value by value.
 _finite = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-(2.0**100), max_value=2.0**100)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from([2, 4]), st.integers(1, 3), st.data())
-def test_exact_floats_k_and_v(bits: int, heads: int, data: st.DataObject) -> None:
+@given(st.sampled_from([2, 4]), st.integers(1, 3), st.data(), _OPTIONS)
+def test_exact_floats_k_and_v(bits: int, heads: int, data: st.DataObject, options: tuple[str, bool]) -> None:
     d, n = 8, 8
+    offset, clip = options
     vals = data.draw(st.lists(_finite, min_size=heads * n * d, max_size=heads * n * d))
     x = np.asarray(vals, dtype=np.float32).reshape(heads, n, d) + np.float32(0.0)
     xt = torch.from_numpy(x)
-    cfg = _cfg(bits, k_group=4, v_group=4)
+    cfg = _cfg(bits, k_group=4, v_group=4, offset=offset, clip="both" if clip else "none")
     # Groups whose range overflows fp32 are rejected by the packer (pack.rs); skip them here.
     assume(np.isfinite(x.max(axis=1) - x.min(axis=1)).all())
     assume(np.isfinite(x.reshape(heads, n, 2, 4).max(-1) - x.reshape(heads, n, 2, 4).min(-1)).all())
-    codes, params = _rust_k(x, bits, 4)
+    codes, params = _rust_k(x, bits, 4, offset, clip)
     ref = reference.pack_k(xt, None, cfg)
     assert (codes, params) == (ref.codes.numpy().tobytes(), ref.params.numpy().tobytes())
-    codes, params = _rust_v(x, bits, 4)
+    codes, params = _rust_v(x, bits, 4, offset, clip)
     refv = reference.pack_v(xt, cfg)
     assert (codes, params) == (refv.codes.numpy().tobytes(), refv.params.numpy().tobytes())
 

@@ -165,6 +165,7 @@ BAD_FILES = {
         (["eval", "tni", "--text", "{ten-words.txt}"],
          "error: --text must hold --tokens 1024 tokens: {ten-words.txt} has 52 bytes, fewer than the 1024 needed"),
         (["eval", "ppl", "--windows", "0"], "error: --windows must be a positive integer below 2^31, got 0"),
+        (["eval", "ppl", "--clip", "values", "all"], "error: --clip must be one of 'none', 'keys', 'values', 'both', got 'all'"),
         (["eval", "ppl", "--windows", "2", "--start", "0", "4000"],
          "error: --start must not be combined with --windows: give one or the other"),
         (["eval", "ppl", "--start", "-5"], "error: --start must be an integer of at least 0 below 2^31, got -5"),
@@ -194,6 +195,21 @@ def test_cli_bad_input_fails_early_with_one_line(tmp_path, args, line):
 
     r = _cli(*map(fill, args), timeout=120)
     assert (r.returncode, r.stderr, r.stdout) == (2, fill(line) + "\n", "")
+
+
+def test_cli_seal_option_flags_give_one_config_each():
+    """`eval ppl --offset A B --clip C D` evaluates every method x bits x offset x clip (docs/OSCAR.md
+    §2.3), labelled apart; without them, today's configs."""
+    from oscar_sgl import cli
+
+    args = cli.build_parser().parse_args(["eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", "--offset", "integer",
+                                          "min", "--clip", "none", "values", "values"])
+    configs = cli._configs(args)
+    assert [c.label for c in configs] == ["oscar", "oscar+clip-values", "oscar+min", "oscar+min+clip-values",
+                                          "kivi", "kivi+clip-values", "kivi+min", "kivi+min+clip-values"]
+    assert configs[3] == OscarConfig(bits=2, offset="min", clip="values")
+    plain = cli._configs(cli.build_parser().parse_args(["eval", "ppl", "--bits", "4", "--methods", "oscar"]))
+    assert plain == [OscarConfig(bits=4)]
 
 
 def test_cli_refuses_a_binary_file_naming_the_byte():

@@ -63,6 +63,8 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
         bits=cfg.bits,
         k_group=cfg.k_group,
         v_group=cfg.v_group,
+        offset=cfg.offset,
+        clip=cfg.clip,
     )
     got = {k: (v.cpu() if v is not None else None) for k, v in dev.items()}
     sealed = {5: 2, 1: 0, 3: 3}
@@ -86,10 +88,12 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
             x = stg_k[i].float()
             if stg_s is not None:
                 x = x / R._broadcast_scale(stg_s[i], h)
-            codes, params = _core.pack(x.contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="k", group=cfg.k_group)
+            codes, params = _core.pack(x.contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="k", group=cfg.k_group,
+                                       offset=cfg.offset, clip=cfg.clip_keys)
             assert bytes(codes) == got["k_codes"][page].numpy().tobytes(), "key codes differ from the Rust packer"
             assert bytes(params) == got["k_params"][page].numpy().tobytes(), "key params differ from the Rust packer"
-            codes, params = _core.pack(stg_v[i].float().contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="v", group=cfg.v_group)
+            codes, params = _core.pack(stg_v[i].float().contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="v",
+                                       group=cfg.v_group, offset=cfg.offset, clip=cfg.clip_values)
             assert bytes(codes) == got["v_codes"][page].numpy().tobytes(), "value codes differ from the Rust packer"
             assert bytes(params) == got["v_params"][page].numpy().tobytes(), "value params differ from the Rust packer"
 
@@ -149,6 +153,29 @@ def test_seal_sign_of_zero_offsets(bits):
     assert torch.equal(pool["v_params"][1].cpu().view(torch.int16), vb.params.view(torch.int16))
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("offset,clip", [("min", "none"), ("integer", "both"), ("min", "both"), ("min", "keys"), ("integer", "values")])
+def test_seal_bytes_match_reference_seal_options(bits, offset, clip):
+    """The seal-time quantizer options (docs/OSCAR.md §2.3): the kernel's bytes equal the reference's
+    and the Rust packer's, constant and zero groups included; and they are not today's bytes (the
+    options reach the kernel)."""
+    cfg = OscarConfig(bits=bits, page_size=32, offset=offset, clip=clip)  # type: ignore[arg-type]
+    _run_and_check(cfg, h=2, d=64, p=32, kinds={0: "mixed", 1: "constant"}, seed=bits + 17)
+    stg_k, stg_v, stg_s = _staging(cfg, h=1, d=64, p=32, ns=1, kinds={}, seed=1)
+    default = OscarConfig(bits=bits, page_size=32)
+    assert not torch.equal(R.pack_k(stg_k[0], stg_s[0], cfg).params, R.pack_k(stg_k[0], stg_s[0], default).params) or \
+        not torch.equal(R.pack_v(stg_v[0], cfg).params, R.pack_v(stg_v[0], default).params)
+
+
+def test_seal_rejects_bad_seal_options():
+    cfg = OscarConfig(bits=2, page_size=32)
+    stg_k, stg_v, stg_s = _staging(cfg, h=1, d=64, p=32, ns=1, kinds={}, seed=0)
+    for bad in (dict(offset="mean"), dict(clip="all")):
+        with pytest.raises(ValueError, match="offset must be 'integer' or 'min' and clip"):
+            oscar_seal(plan=torch.tensor([[0, 0]], dtype=torch.int32), staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s,
+                       **_pool(cfg, h=1, d=64, p=32, npages=1), bits=2, k_group=32, v_group=32, **bad)  # fmt: skip
+
+
 def test_seal_v_group_16_and_64():
     for v_group in (16, 64):
         cfg = OscarConfig(bits=4, v_group=v_group, page_size=32)
@@ -176,3 +203,13 @@ def test_seal_bytes_match_reference_gpu_real_size(bits):
     """Llama-3.1-8B layer shape (8 KV heads, D=128, P=128): the compiled kernel, bit for bit."""
     cfg = OscarConfig(bits=bits, page_size=128)
     _run_and_check(cfg, h=8, d=128, p=128, kinds={1: "mixed"}, seed=11, device=torch.device("cuda"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("offset,clip", [("min", "none"), ("integer", "both"), ("min", "both")])
+def test_seal_bytes_match_reference_gpu_seal_options(bits, offset, clip):
+    """The seal-time quantizer options, compiled, at the Llama-3.1-8B layer shape, bit for bit."""
+    cfg = OscarConfig(bits=bits, page_size=128, offset=offset, clip=clip)  # type: ignore[arg-type]
+    _run_and_check(cfg, h=8, d=128, p=128, kinds={1: "mixed", 2: "constant"}, seed=12, device=torch.device("cuda"))

@@ -131,6 +131,31 @@ def test_kernel_path_matches_reference_path(bits, scope, prefill, device):
         assert same > 0.9, same
 
 
+def test_seal_options_reach_both_seal_paths():
+    """`OscarConfig.offset` / `clip` (docs/OSCAR.md §2.3) reach the pool's seals on both paths: the
+    sealed pages carry other parameters than today's quantizer gives them, and the kernel path
+    (BF16 staging) and the reference path (model-dtype staging) store nearly the same codes."""
+    torch.manual_seed(5)
+    total = 70
+    k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
+    v_all, q_all = torch.randn(LAYERS, 2, H, total, D), torch.randn(LAYERS, 2, total, HQ, D)
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P, offset="min", clip="both")
+    pools = {}
+    for name, c, kernels in (("ker", cfg, True), ("ref", cfg, False), ("ker_today", cfg.replace(offset="integer", clip="none"), True),
+                             ("ref_today", cfg.replace(offset="integer", clip="none"), False)):
+        st = _stack(c, kernels, "cpu", torch.float32, tokens=256)
+        _run(st, k_all, v_all, q_all, [(False, [0, 0], [66, 40])])
+        pools[name] = st.pool
+    sealed = [pg for pg in range(pools["ker"].num_pages) if pools["ker"].oscar_runtime.page_info(pg).state == "sealed"]
+    assert len(sealed) == 3
+    for part in ("k_codes", "v_codes"):
+        same = (getattr(pools["ref"], part)[0][sealed] == getattr(pools["ker"], part)[0][sealed]).float().mean().item()
+        assert same > 0.9, (part, same)
+    for path in ("ker", "ref"):
+        for part in ("k_params", "v_params"):
+            assert not torch.equal(getattr(pools[path], part)[0][sealed], getattr(pools[path + "_today"], part)[0][sealed]), (path, part)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_kernels", [False, True])
 def test_direct_seals_give_the_bytes_and_outputs_of_staged_seals(use_kernels, device):

@@ -97,6 +97,20 @@ def test_ablation_flags_reach_the_config(parse):
     assert plugin.oscar_config_of(sa).method == "kivi"
 
 
+def test_seal_quantizer_flags_reach_the_config(parse):
+    """--oscar-offset / --oscar-clip (docs/OSCAR.md §2.3) land in the pickled config the pool reads;
+    unset, they are the defaults."""
+    sa = parse("--kv-cache", "oscar", "--oscar-offset", "min", "--oscar-clip", "values")
+    want = OscarConfig(offset="min", clip="values", key_rotation="all")
+    assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))) == want
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-clip", "both")).clip_keys
+    default = plugin.oscar_config_of(parse("--kv-cache", "oscar"))
+    assert (default.offset, default.clip) == ("integer", "none")
+    for bad in (("--oscar-offset", "mean"), ("--oscar-clip", "all")):
+        with pytest.raises(SystemExit):
+            parse("--kv-cache", "oscar", *bad)
+
+
 def test_decode_cuda_graphs_on_by_default_on_cuda_and_prefill_graphs_always_off(parse):
     sa = parse("--kv-cache", "oscar")  # --device cpu: the reference path has no graph path
     assert sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
@@ -144,6 +158,8 @@ def _startup_error(parse, capsys, *argv: str) -> str:
         (["--kv-cache", "default", "--oscar-norm-scope", "head"],
          "error: --oscar-norm-scope needs --kv-cache oscar, got --kv-cache default"),
         (["--oscar-no-rotation"], "error: --oscar-no-rotation needs --kv-cache oscar, got --kv-cache default"),
+        (["--oscar-offset", "min"], "error: --oscar-offset needs --kv-cache oscar, got --kv-cache default"),
+        (["--kv-cache", "default", "--oscar-clip", "values"], "error: --oscar-clip needs --kv-cache oscar, got --kv-cache default"),
         (["--oscar-cuda-graph", "--device", "cuda"], "error: --oscar-cuda-graph needs --kv-cache oscar, got --kv-cache default"),
         (["--kv-cache", "oscar", "--page-size", "16"],
          "error: --page-size must equal --oscar-page-size (128) with --kv-cache oscar, got 16: an OScaR page is the "
@@ -265,11 +281,13 @@ def test_help_lists_the_flags():
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in ("--kv-cache {default,oscar}", "--oscar-bits {2,4}", "--oscar-k-group G_K", "--oscar-v-group G_V",
                  "--oscar-page-size R", "--oscar-norm-scope {layer,head}", "--oscar-cuda-graph", "--oscar-no-rotation",
-                 "--oscar-no-token-scaling", "--oscar-prefill {position,exact}"):
+                 "--oscar-no-token-scaling", "--oscar-prefill {position,exact}", "--oscar-offset {integer,min}",
+                 "--oscar-clip {none,keys,values,both}"):
         assert flag in out.stdout, flag
     # Every OScaR flag says its default (argparse wraps help lines, so compare without whitespace).
     flat = "".join(out.stdout.split())
     for shown in ("Codewidthofthepacked", "(default:2)", "(default:32)", "(default:128)", "(default:layer)",
+                  "(default:integer)", "(default:none)",
                   "Default:rotationon", "Default:tokenscalingon", "decodeCUDAgraphsareonbydefaultonCUDA"):
         assert shown in flat, shown
 

@@ -275,24 +275,67 @@ def neg(x):
 
 
 @triton.jit
-def quantize(x, lo, hi, QMAX: tl.constexpr):
+def quantize(x, lo, hi, QMAX: tl.constexpr, OFFSET_MIN: tl.constexpr = False):
     """Asymmetric min/max quantization of fp32 ``x`` whose group min/max are ``lo``/``hi``.
 
     ``lo``/``hi`` broadcast against ``x`` (the group axis kept as size 1). True divisions
     (``div_rn``), never reciprocals. Returns ``(q, scale, offset)`` in fp32: integer codes, and the
     fp32 scale/offset that the caller rounds to fp16. A constant group (all-zero included) gives
-    scale 0, offset lo, codes 0: no NaN, no Inf.
+    scale 0, offset lo, codes 0: no NaN, no Inf. ``OFFSET_MIN``: the offset is ``lo`` itself and
+    ``q = rne((x - lo) / scale)`` (``OscarConfig.offset == "min"``), else an integer zero point.
+    Codes of values outside [lo, hi] (a clipped range) clamp to 0 / QMAX.
     """
-    normal = hi > lo
     qmax = tl.full(lo.shape, QMAX, tl.float32)
-    scale = tl.where(normal, tl.math.div_rn(hi - lo, qmax), 0.0)
-    safe = tl.where(normal, scale, 1.0)
-    zero = rne(tl.math.div_rn(neg(lo), safe))
-    q = rne(tl.math.div_rn(x, safe)) + zero
-    q = tl.minimum(tl.maximum(q, 0.0), QMAX)
-    q = tl.where(normal, q, 0.0)
-    offset = tl.where(normal, neg(zero) * scale, lo)
+    if OFFSET_MIN:
+        scale = tl.math.div_rn(hi - lo, qmax)
+        normal = scale > 0.0
+        scale = tl.where(normal, scale, 0.0)
+        safe = tl.where(normal, scale, 1.0)
+        q = rne(tl.math.div_rn(x - lo, safe))
+        q = tl.minimum(tl.maximum(q, 0.0), QMAX)
+        q = tl.where(normal, q, 0.0)
+        offset = lo
+    else:
+        normal = hi > lo
+        scale = tl.where(normal, tl.math.div_rn(hi - lo, qmax), 0.0)
+        safe = tl.where(normal, scale, 1.0)
+        zero = rne(tl.math.div_rn(neg(lo), safe))
+        q = rne(tl.math.div_rn(x, safe)) + zero
+        q = tl.minimum(tl.maximum(q, 0.0), QMAX)
+        q = tl.where(normal, q, 0.0)
+        offset = tl.where(normal, neg(zero) * scale, lo)
     return q, scale, offset
+
+
+@triton.jit
+def _clip_score(x, lo, hi, w_safe, QMAX: tl.constexpr, OFFSET_MIN: tl.constexpr, AXIS: tl.constexpr):
+    """``oscar_sgl.reference.clip_score``: int64, exact in any reduction order."""
+    q, scale, off = quantize(x, lo, hi, QMAX, OFFSET_MIN)
+    err = tl.abs(q * scale + off - x)
+    t = rne(tl.math.div_rn(err, w_safe) * 1048576.0)
+    t = tl.where(t <= 16777216.0, t, 16777216.0).to(tl.int64)
+    return tl.sum(t * t, axis=AXIS, keep_dims=True)
+
+
+@triton.jit
+def clip_range(x, lo, hi, QMAX: tl.constexpr, OFFSET_MIN: tl.constexpr, AXIS: tl.constexpr):
+    """The seal-time MSE clip search (``oscar_sgl.reference.clip_range``): of the bounds
+    ``[lo + w*j/32, hi - w*j/32]``, j = 0..4, the one of least score, the first on ties."""
+    width = hi - lo
+    w_safe = tl.where(width > 0.0, width, 1.0)
+    best = _clip_score(x, lo, hi, w_safe, QMAX, OFFSET_MIN, AXIS)
+    best_lo = lo
+    best_hi = hi
+    for j in tl.static_range(1, 5):
+        d = width * (j * 0.03125)
+        c_lo = lo + d
+        c_hi = hi - d
+        score = _clip_score(x, c_lo, c_hi, w_safe, QMAX, OFFSET_MIN, AXIS)
+        better = score < best
+        best = tl.where(better, score, best)
+        best_lo = tl.where(better, c_lo, best_lo)
+        best_hi = tl.where(better, c_hi, best_hi)
+    return best_lo, best_hi
 
 
 @triton.jit

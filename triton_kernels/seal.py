@@ -19,14 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_int32, check_pool, check_staging, pack_codes, pool_format, quantize
+from .common import check_int32, check_pool, check_staging, clip_range, pack_codes, pool_format, quantize
 
 
 @triton.jit(do_not_specialize=["num_plan"])
 def _seal_kernel(
     plan_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, k_codes_ptr, k_params_ptr, v_codes_ptr, v_params_ptr, scale_ptr, num_plan,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, OFFSET_MIN: tl.constexpr, CLIP_K: tl.constexpr, CLIP_V: tl.constexpr,
 ):
     i_p = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -57,7 +57,9 @@ def _seal_kernel(
         b_k = b_k + 0.0  # canonical zero (docs/LAYOUT.md §1): -0.0 -> +0.0 before min/max
         k_lo = tl.min(b_k, axis=0)[None, :]
         k_hi = tl.max(b_k, axis=0)[None, :]
-        k_q, k_sc, k_off = quantize(b_k, k_lo, k_hi, QMAX)
+        if CLIP_K:
+            k_lo, k_hi = clip_range(b_k, k_lo, k_hi, QMAX, OFFSET_MIN, 0)
+        k_q, k_sc, k_off = quantize(b_k, k_lo, k_hi, QMAX, OFFSET_MIN)
         o_kc = ((page * H + i_h) * P + o_t[:, None]) * BYTES + i_c * CBYTES + tl.arange(0, CBYTES)[None, :]
         tl.store(k_codes_ptr + o_kc, pack_codes(k_q, G_K, BLOCK_D, BITS))
         o_kp = (((page * H + i_h) * (P // G_K) + i_g) * 2) * D + o_d
@@ -69,7 +71,9 @@ def _seal_kernel(
         b_v = b_v + 0.0  # canonical zero
         v_lo = tl.min(b_v, axis=2)[:, :, None]
         v_hi = tl.max(b_v, axis=2)[:, :, None]
-        v_q, v_sc, v_off = quantize(b_v, v_lo, v_hi, QMAX)
+        if CLIP_V:
+            v_lo, v_hi = clip_range(b_v, v_lo, v_hi, QMAX, OFFSET_MIN, 2)
+        v_q, v_sc, v_off = quantize(b_v, v_lo, v_hi, QMAX, OFFSET_MIN)
         tl.store(v_codes_ptr + o_kc, pack_codes(tl.reshape(v_q, (G_K, BLOCK_D)), G_K, BLOCK_D, BITS))
         o_vp = (((page * H + i_h) * P + o_t[:, None]) * 2) * NG + i_c * NGC + tl.arange(0, NGC)[None, :]
         tl.store(v_params_ptr + o_vp, tl.reshape(v_sc, (G_K, NGC)).to(tl.float16))
@@ -98,6 +102,8 @@ def oscar_seal(
     bits: int,
     k_group: int,
     v_group: int,
+    offset: str = "integer",
+    clip: str = "none",
 ) -> None:
     """Quantize the staging pages named by ``plan`` into the packed pool of one layer.
 
@@ -111,8 +117,11 @@ def oscar_seal(
         v_codes: ``[num_pages, H, P, D*bits/8]`` uint8.
         v_params: ``[num_pages, H, P, 2, D/v_group]`` fp16.
         scale: ``[num_pages, P, S]`` fp32, or None (token scaling off).
-        bits, k_group, v_group: the layer's OscarConfig values.
+        bits, k_group, v_group, offset, clip: the layer's OscarConfig values (offset and clip:
+            the seal-time quantizer, docs/OSCAR.md §2.3; the bytes stay those of the reference).
     """
+    if offset not in ("integer", "min") or clip not in ("none", "keys", "values", "both"):
+        raise ValueError(f"offset must be 'integer' or 'min' and clip 'none', 'keys', 'values' or 'both', got {offset!r}, {clip!r}")
     check_int32(plan=plan)
     plan = plan.reshape(-1)
     if plan.numel() % 2 or not plan.is_contiguous():
@@ -141,6 +150,9 @@ def oscar_seal(
         **pool_format(k_codes, staging_k, scale, bits=bits, k_group=k_group, v_group=v_group),
         BLOCK_S=triton.next_power_of_2(max(s_cols, 1)),
         BLOCK_D=block_d,
+        OFFSET_MIN=offset == "min",
+        CLIP_K=clip in ("keys", "both"),
+        CLIP_V=clip in ("values", "both"),
         num_warps=4,
         # The quantizer must round exactly like the reference: no a*b+c contraction anywhere.
         enable_fp_fusion=False,

@@ -33,7 +33,9 @@ OP_LOCK: int
 OP_UNLOCK: int
 OP_SHARE: int
 
-def pack(values: bytes, *, part: str, shape: tuple[int, int, int], bits: int, group: int) -> tuple[bytes, bytes]: ...
+def pack(
+    values: bytes, *, part: str, shape: tuple[int, int, int], bits: int, group: int, offset: str = "integer", clip: bool = False
+) -> tuple[bytes, bytes]: ...
 def unpack(codes: bytes, params: bytes, *, part: str, shape: tuple[int, int, int], bits: int, group: int) -> bytes: ...
 def format_cost(
     *, shape: tuple[int, int], bits: int, k_group: int, v_group: int, scale_columns: int

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from .config import INT_FIELD_LIMIT, METHODS, OscarConfig, OscarConfigError
+from .config import CLIP_CHOICES, INT_FIELD_LIMIT, METHODS, OFFSET_CHOICES, OscarConfig, OscarConfigError
 
 EMBEDDED_TEXT = "embedded:emma_opening.txt"
 
@@ -207,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(the paper) (default: %(default)s; docs/OSCAR.md §7)")
     ppl.add_argument("--sliding-layers", choices=("quantized", "bf16"), default=OscarConfig().sliding_layers,
                      help="what a hybrid model's sliding-window layers store (default: %(default)s)")
+    ppl.add_argument("--offset", nargs="+", choices=OFFSET_CHOICES, default=[OscarConfig().offset],
+                     help="seal-time offset of a quantization group: an integer zero point (the paper) or the group "
+                     "minimum; several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+    ppl.add_argument("--clip", nargs="+", choices=CLIP_CHOICES, default=[OscarConfig().clip],
+                     help="which groups get the seal-time MSE clip search (range shrunk to 1 .. 3/4 of its width); "
+                     "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_quant_flags(ppl)
@@ -299,10 +305,12 @@ def _configs(args: argparse.Namespace) -> list[OscarConfig]:
     OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
                            page_size=args.page_size, norm_scope=args.norm_scope)  # errors name the flag
     extra = {k: getattr(args, k) for k in ("key_rotation", "sliding_layers") if getattr(args, k, None) is not None}
+    quantizers = [(o, c) for o in dict.fromkeys(getattr(args, "offset", None) or [OscarConfig().offset])
+                  for c in dict.fromkeys(getattr(args, "clip", None) or [OscarConfig().clip])]
     return [
         OscarConfig.for_method(m, bits=b, k_group=args.k_group, v_group=args.v_group,
-                               page_size=args.page_size, norm_scope=args.norm_scope, **extra)
-        for b in args.bits for m in args.methods
+                               page_size=args.page_size, norm_scope=args.norm_scope, offset=o, clip=c, **extra)
+        for b in args.bits for m in args.methods for o, c in quantizers
     ]
 
 
@@ -460,6 +468,13 @@ def _ci(ci: list[float] | None, fmt: str) -> str:
     return "(no interval)" if ci is None else f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]"
 
 
+def _column(r: dict[str, Any]) -> str:
+    """A per-window column's title: the method (its first 10 characters when it is a bare method
+    name, as before the seal-time options) and the bits."""
+    m = r["method"]
+    return (m if "+" in m else m[:10]) + str(r["bits"])
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The text report of `eval ppl`: what was evaluated, then per config the means over the windows
     with their 95 % intervals, per-window ΔPPL, and paired differences of configs of equal bits."""
@@ -475,6 +490,7 @@ def format_table(report: dict[str, Any]) -> str:
     placement = ("spread evenly, non-overlapping" if report["window_placement"] == "even" else "at the --start offsets"
                  + (" (overlapping: they share tokens, so the intervals are too narrow)" if report["windows_overlap"] else ""))
     interval = report["interval"]
+    mw = max([14] + [len(r["method"]) for r in report["results"]])
     lines = [
         f"model: {report['model']}",
         f"text:  {report['text']}  ({guten})",
@@ -488,21 +504,21 @@ def format_table(report: dict[str, Any]) -> str:
         f"full precision ({report['baseline_kv_dtype']} KV, {base['effective_bits']:.0f} bits): PPL "
         f"{base['ppl']:.3f} {_ci(base['ppl_ci95'], '.3f')}",
         "",
-        f"{'method':<14} {'bits':>4} {'eff.bits':>8} {'PPL':>9} {'dPPL %':>8} {'95 % CI':>18} {'KL':>8} "
+        f"{'method':<{mw}} {'bits':>4} {'eff.bits':>8} {'PPL':>9} {'dPPL %':>8} {'95 % CI':>18} {'KL':>8} "
         f"{'95 % CI':>18} {'top-1':>7}",
     ]
     for r in report["results"]:
         lines.append(
-            f"{r['method']:<14} {r['bits']:>4} {r['effective_bits']:>8.3f} {r['ppl']:>9.3f} "
+            f"{r['method']:<{mw}} {r['bits']:>4} {r['effective_bits']:>8.3f} {r['ppl']:>9.3f} "
             f"{r['delta_ppl_pct']:>+8.2f} {_ci(r['delta_ppl_pct_ci95'], '+.2f'):>18} {r['kl']:>8.4f} "
             f"{_ci(r['kl_ci95'], '.4f'):>18} {r['top1_agreement']:>7.3f}"
         )
     if n > 1:
         lines += ["", "per window: full-precision PPL, then dPPL % per method (bits)",
-                  f"{'start':>8} {'FP PPL':>8} " + " ".join(f"{r['method'][:10] + str(r['bits']):>11}" for r in report["results"])]
+                  f"{'start':>8} {'FP PPL':>8} " + " ".join(f"{_column(r):>{max(11, len(_column(r)))}}" for r in report["results"])]
         for i, w in enumerate(wins):
             lines.append(f"{w['start']:>8} {base['per_window'][i]['ppl']:>8.3f} "
-                         + " ".join(f"{r['per_window'][i]['delta_ppl_pct']:>+11.2f}" for r in report["results"]))
+                         + " ".join(f"{r['per_window'][i]['delta_ppl_pct']:>+{max(11, len(_column(r)))}.2f}" for r in report["results"]))
         same = [p for p in report["paired"] if p["a"]["bits"] == p["b"]["bits"]]
         if same:
             lines += ["", "paired over the same windows: mean of per-window dPPL(A) - dPPL(B) in points, 95 % CI"]

@@ -11,13 +11,16 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal, Mapping
 
 from .errors import OscarConfigError
-from .supported import INT_FIELD_LIMIT, check_fields, check_layer_shape
+from .supported import CLIP_CHOICES, INT_FIELD_LIMIT, OFFSET_CHOICES, check_fields, check_layer_shape
 
-__all__ = ["INT_FIELD_LIMIT", "LAYOUT_VERSION", "METHODS", "KeyRotation", "NormScope", "OscarConfig", "SlidingLayers", "OscarConfigError"]
+__all__ = ["CLIP_CHOICES", "INT_FIELD_LIMIT", "LAYOUT_VERSION", "METHODS", "OFFSET_CHOICES", "Clip", "KeyRotation", "NormScope",
+           "Offset", "OscarConfig", "SlidingLayers", "OscarConfigError"]
 
 NormScope = Literal["layer", "head"]
 KeyRotation = Literal["all", "weights"]
 SlidingLayers = Literal["quantized", "bf16"]
+Offset = Literal["integer", "min"]
+Clip = Literal["none", "keys", "values", "both"]
 
 #: method name -> (rotation, token_scaling). `kivi` is plain per-channel-K / per-token-V
 #: quantization; `oscar` is the full method.
@@ -57,6 +60,13 @@ class OscarConfig:
         sliding_layers: what a hybrid model's sliding-window layers store (full-attention layers
             are always quantized): "quantized" (the same format; pages that leave the window are
             dropped) or "bf16" (the window in full precision, as SGLang's SWA pool would).
+        offset: how the seal-time quantizer places a group's grid (docs/OSCAR.md §2.3): "integer"
+            (the paper: an integer zero point, offset = -round(-min/scale) * scale) or "min"
+            (offset = the group minimum itself, so the grid spans exactly [min, max]).
+        clip: which groups get the seal-time MSE clip search (docs/OSCAR.md §2.3): "none",
+            "keys", "values" or "both". A searched group tries its range shrunk about its middle
+            to 1, 15/16, 7/8, 13/16 and 3/4 of its width and keeps the one with the least squared
+            error. Seal time only: the packed layout and the decode path do not change.
     """
 
     bits: int = 2
@@ -68,6 +78,8 @@ class OscarConfig:
     norm_scope: NormScope = "layer"
     key_rotation: KeyRotation = "weights"
     sliding_layers: SlidingLayers = "quantized"
+    offset: Offset = "integer"
+    clip: Clip = "none"
 
     def __post_init__(self) -> None:
         check_fields(self.to_dict())
@@ -93,6 +105,20 @@ class OscarConfig:
             if flags == (self.rotation, self.token_scaling):
                 return name
         raise AssertionError("unreachable: every flag pair is a method")
+
+    @property
+    def label(self) -> str:
+        """`method`, plus the seal-time quantizer options that differ from the defaults
+        (``oscar``, ``oscar+min``, ``oscar+clip-values``, ``oscar+min+clip-values``)."""
+        return self.method + ("+min" if self.offset == "min" else "") + ("" if self.clip == "none" else f"+clip-{self.clip}")
+
+    @property
+    def clip_keys(self) -> bool:
+        return self.clip in ("keys", "both")
+
+    @property
+    def clip_values(self) -> bool:
+        return self.clip in ("values", "both")
 
     def check_shape(self, num_kv_heads: int, head_dim: int) -> None:
         """Raise `OscarConfigError` if this config cannot quantize a layer of that shape

@@ -149,7 +149,7 @@ def _perplexity(model: Any, ids: torch.Tensor, prefix: int, configs: list[OscarC
             kl = (base_p * (base_lp - lp)).sum(dim=-1).mean().item()
             top1 = (lp.argmax(dim=-1) == base_top1).float().mean().item()
             results.append(PplResult(
-                method=cfg.method, bits=cfg.bits, ppl=ppl, delta_ppl_pct=100.0 * (ppl / base_ppl - 1.0),
+                method=cfg.label, bits=cfg.bits, ppl=ppl, delta_ppl_pct=100.0 * (ppl / base_ppl - 1.0),
                 kl=kl, top1_agreement=top1, effective_bits=cache.effective_bits(ids.shape[1]),
                 config=cfg.to_dict(),
             ))
@@ -437,7 +437,8 @@ def window_report(starts: Sequence[int], bases: Sequence[float], per_window: Seq
         for m in METRICS:
             s = _stat([getattr(r, m) for r in col])
             row[m], row[f"{m}_ci95"] = s["mean"], s["ci95"]
-        row |= {k: r0.config[k] for k in ("k_group", "v_group", "page_size", "norm_scope", "key_rotation", "sliding_layers") if k in r0.config}
+        row |= {k: r0.config[k] for k in ("k_group", "v_group", "page_size", "norm_scope", "key_rotation", "sliding_layers", "offset", "clip")
+                if k in r0.config}
         row["per_window"] = [{"start": s} | {m: getattr(r, m) for m in METRICS} for s, r in zip(starts, col)]
         report["results"].append(row)
     for i in range(len(rows)):

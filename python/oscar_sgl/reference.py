@@ -90,13 +90,79 @@ def _broadcast_scale(s: torch.Tensor, num_heads: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def quantize_groups(x: torch.Tensor, bits: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#: The seal-time clip search (`OscarConfig.clip`, docs/OSCAR.md §2.3): a searched group of range
+#: [lo, hi] and width w = hi - lo tries [lo + w*c, hi - w*c] for each c here, i.e. its range shrunk
+#: about its middle to 1, 15/16, 7/8, 13/16 and 3/4 of its width. Exact binary fractions: w*c is
+#: one correctly rounded fp32 product in every implementation.
+CLIP_SHRINK = (0.0, 1 / 32, 2 / 32, 3 / 32, 4 / 32)
+#: A candidate's score is sum_i t_i^2 over the group, t_i = round_half_even(|x̂_i - x_i| / w * 2^20)
+#: capped at 2^24, summed as int64: integer addition is exact in any order, so the reference, the
+#: Rust packer and the Triton kernel (whatever its reduction tree) pick the same candidate.
+CLIP_SCORE_ONE = 2.0**20
+CLIP_SCORE_CAP = 2.0**24
+
+
+def _grid(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, qmax: float,
+          offset: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(q, scale, offset)` in fp32 of groups with bounds `lo`/`hi` (broadcast against x); codes of
+    values outside [lo, hi] are clamped to 0 / qmax."""
+    if offset == "integer":
+        normal = hi > lo
+        scale = torch.where(normal, (hi - lo) / qmax, torch.zeros_like(lo))
+        safe = torch.where(normal, scale, torch.ones_like(scale))
+        zero = torch.round(-lo / safe)
+        q = torch.clamp(torch.round(x / safe) + zero, 0.0, qmax)
+        q = torch.where(normal, q, torch.zeros_like(q))
+        return q, scale, torch.where(normal, (-zero) * scale, lo)
+    if offset == "min":
+        scale = (hi - lo) / qmax
+        normal = scale > 0
+        scale = torch.where(normal, scale, torch.zeros_like(scale))
+        safe = torch.where(normal, scale, torch.ones_like(scale))
+        q = torch.clamp(torch.round((x - lo) / safe), 0.0, qmax)
+        return torch.where(normal, q, torch.zeros_like(q)), scale, lo.expand_as(scale)
+    raise ValueError(f"offset must be 'integer' or 'min', got {offset!r}")
+
+
+def clip_score(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, width: torch.Tensor, qmax: float,
+               offset: str, dim: int) -> torch.Tensor:
+    """The clip search's int64 score of the candidate bounds `lo`/`hi` (`CLIP_SCORE_ONE`), the
+    group axis `dim` kept as 1. `width` is the unclipped group's max - min (0: constant group)."""
+    q, scale, off = _grid(x, lo, hi, qmax, offset)
+    err = torch.abs(q * scale + off - x)
+    t = torch.round(err / torch.where(width > 0, width, torch.ones_like(width)) * CLIP_SCORE_ONE)
+    t = torch.where(t <= CLIP_SCORE_CAP, t, torch.full_like(t, CLIP_SCORE_CAP)).to(torch.int64)
+    return (t * t).sum(dim=dim, keepdim=True)
+
+
+def clip_range(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, qmax: float, offset: str,
+               dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seal-time MSE clip search: the candidate bounds (`CLIP_SHRINK`) of least score, the
+    first (widest) on ties."""
+    width = hi - lo
+    best_lo, best_hi = lo, hi
+    best = clip_score(x, lo, hi, width, qmax, offset, dim)
+    for c in CLIP_SHRINK[1:]:
+        d = width * c
+        c_lo, c_hi = lo + d, hi - d
+        score = clip_score(x, c_lo, c_hi, width, qmax, offset, dim)
+        better = score < best
+        best = torch.where(better, score, best)
+        best_lo, best_hi = torch.where(better, c_lo, best_lo), torch.where(better, c_hi, best_hi)
+    return best_lo, best_hi
+
+
+def quantize_groups(x: torch.Tensor, bits: int, dim: int, offset: str = "integer",
+                    clip: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric min/max round-to-nearest quantization; a group is the whole of axis `dim`.
 
     Args:
         x: fp32 tensor, finite.
         bits: 2 or 4.
         dim: the group axis.
+        offset: "integer" (an integer zero point: offset = -round(-lo/scale) * scale) or "min"
+            (offset = lo), `OscarConfig.offset`.
+        clip: run the MSE clip search (`clip_range`) before quantizing, `OscarConfig.clip`.
     Returns:
         `(q, scale_h, offset_h)`: q uint8 codes shaped like x; scale/offset fp16 with `dim` kept as 1.
         Dequantize as `q * scale_h.float() + offset_h.float()`.
@@ -109,14 +175,10 @@ def quantize_groups(x: torch.Tensor, bits: int, dim: int) -> tuple[torch.Tensor,
     x = x + 0.0  # -0.0 -> +0.0: min/max of a group holding both zeros must not depend on the reduction order
     lo = x.amin(dim=dim, keepdim=True)
     hi = x.amax(dim=dim, keepdim=True)
-    normal = hi > lo
-    scale = torch.where(normal, (hi - lo) / qmax, torch.zeros_like(lo))
-    safe = torch.where(normal, scale, torch.ones_like(scale))
-    zero = torch.round(-lo / safe)
-    q = torch.clamp(torch.round(x / safe) + zero, 0.0, qmax)
-    q = torch.where(normal, q, torch.zeros_like(q))
-    offset = torch.where(normal, (-zero) * scale, lo)
-    return q.to(torch.uint8), scale.to(torch.float16), offset.to(torch.float16)
+    if clip:
+        lo, hi = clip_range(x, lo, hi, qmax, offset, dim)
+    q, scale, off = _grid(x, lo, hi, qmax, offset)
+    return q.to(torch.uint8), scale.to(torch.float16), off.to(torch.float16)
 
 
 def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -193,7 +255,7 @@ def pack_k(k_rot: torch.Tensor, s: torch.Tensor | None, cfg: OscarConfig) -> KBl
     if s is not None:
         x = x / _broadcast_scale(s.to(torch.float32), h)
     x = x.reshape(h, n // cfg.k_group, cfg.k_group, d)
-    q, sc, off = quantize_groups(x, cfg.bits, dim=2)
+    q, sc, off = quantize_groups(x, cfg.bits, dim=2, offset=cfg.offset, clip=cfg.clip_keys)
     codes = pack_codes(q.reshape(h, n, d), cfg.bits)
     params = torch.cat((sc, off), dim=2)  # [H, n/G, 2, D]
     return KBlock(codes=codes.contiguous(), params=params.contiguous(), scale=None if s is None else s.to(torch.float32).contiguous())
@@ -203,7 +265,7 @@ def pack_v(v_rot: torch.Tensor, cfg: OscarConfig) -> VBlock:
     """Quantize and pack values `[H, n, D]` (after rotation, if any), per-token groups of v_group channels."""
     h, n, d = v_rot.shape
     x = v_rot.to(torch.float32).reshape(h, n, d // cfg.v_group, cfg.v_group)
-    q, sc, off = quantize_groups(x, cfg.bits, dim=3)
+    q, sc, off = quantize_groups(x, cfg.bits, dim=3, offset=cfg.offset, clip=cfg.clip_values)
     codes = pack_codes(q.reshape(h, n, d), cfg.bits)
     params = torch.cat((sc[..., 0], off[..., 0]), dim=2).reshape(h, n, 2, d // cfg.v_group)
     return VBlock(codes=codes.contiguous(), params=params.contiguous())

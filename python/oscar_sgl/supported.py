@@ -16,6 +16,7 @@ exit status 2.
 | k_group, v_group powers of two | group reductions and packing | `check_fields` |
 | page size (R) a positive multiple of k_group | no key group straddles a seal | `check_fields` |
 | norm scope `layer` or `head` | docs/OSCAR.md §2.2 | `check_fields` |
+| offset `integer` or `min`; clip `none`, `keys`, `values` or `both` | the seal-time quantizers of docs/OSCAR.md §2.3 | `check_fields` |
 | every int below 2^31 | the Rust core takes u32/i32 | `check_fields` |
 | KV heads > 0; head_dim a power of two (rotation on) | Walsh-Hadamard transform | `check_layer_shape` (all contexts) |
 | v_group divides head_dim; head_dim*bits a whole number of bytes | value groups, packing | `check_layer_shape` |
@@ -41,7 +42,9 @@ from typing import Any, Callable, Mapping
 from .errors import OscarConfigError
 
 __all__ = [
+    "CLIP_CHOICES",
     "INT_FIELD_LIMIT",
+    "OFFSET_CHOICES",
     "OscarConfigError",
     "check_fields",
     "check_kernel_device",
@@ -55,6 +58,10 @@ __all__ = [
 
 #: Every int field stays below this, so it fits the Rust core's u32/i32 arguments.
 INT_FIELD_LIMIT = 2**31
+
+#: `OscarConfig.offset` and `OscarConfig.clip` values (docs/OSCAR.md §2.3).
+OFFSET_CHOICES = ("integer", "min")
+CLIP_CHOICES = ("none", "keys", "values", "both")
 
 
 def _is_pow2(x: int) -> bool:
@@ -97,6 +104,10 @@ def check_fields(values: Mapping[str, object], name: Callable[[str], str] = str)
         raise OscarConfigError(
             f"{name('sliding_layers')} must be 'quantized' or 'bf16', got {values['sliding_layers']!r}"
         )
+    for field, choices in (("offset", OFFSET_CHOICES), ("clip", CLIP_CHOICES)):
+        value = values.get(field, choices[0])
+        if value not in choices:
+            raise OscarConfigError(f"{name(field)} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
 def check_layer_shape(cfg: Any, num_kv_heads: int, head_dim: int) -> None:

@@ -38,6 +38,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "v_group": ("--oscar-v-group", "oscar_v_group"),
     "page_size": ("--oscar-page-size", "oscar_page_size"),
     "norm_scope": ("--oscar-norm-scope", "oscar_norm_scope"),
+    "offset": ("--oscar-offset", "oscar_offset"),
+    "clip": ("--oscar-clip", "oscar_clip"),
 }
 
 
@@ -58,7 +60,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add `--kv-cache` and the `--oscar-*` flags. Their defaults are `OscarConfig`'s, shown in the
     help; on the namespace an unset flag is None (False for switches), so `config_from_namespace` can
     tell a flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
-    from ..config import OscarConfig
+    from ..config import CLIP_CHOICES, OFFSET_CHOICES, OscarConfig
     from .pool import PREFILL_MODES
 
     d = OscarConfig()
@@ -82,6 +84,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--oscar-norm-scope", choices=("layer", "head"),
                    help="Token-scale scope: 'layer' (one norm over all KV heads of the layer) or 'head' "
                    f"(default: {d.norm_scope}). Under tensor parallelism 'layer' means the heads of this rank.")
+    g.add_argument("--oscar-offset", choices=OFFSET_CHOICES,
+                   help="Seal-time offset of a quantization group: 'integer' (an integer zero point, the paper) or "
+                   f"'min' (the group minimum) (default: {d.offset}). Seal time only: decode and the page layout "
+                   "are unchanged (docs/OSCAR.md §2.3).")
+    g.add_argument("--oscar-clip", choices=CLIP_CHOICES,
+                   help="Seal-time MSE clip search (each group's range shrunk to 1 .. 3/4 of its width, the least "
+                   f"squared error kept) for the key groups, the value groups, both or none (default: {d.clip}).")
     g.add_argument("--oscar-prefill", choices=PREFILL_MODES,
                    help="What a prefill token attends to. 'position' (default): the pages below its own page "
                    "as INT codes and its own page exactly, as in decode, so a prompt gets the same answer cold, "

@@ -377,7 +377,7 @@ class OscarKVPoolMixin:
             K.oscar_seal(plan=plan, staging_k=sk, staging_v=sv, staging_scale=ss,
                          k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
                          v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,
-                         bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group)
+                         bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, offset=cfg.offset, clip=cfg.clip)
 
     def _seal(self, li: int, page: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize one page `[H, P, D]` of layer `li` into the packed arrays (reference path)."""

@@ -61,6 +61,42 @@ pub fn row_bytes(head_dim: usize, bits: u32) -> Result<usize> {
     Ok(head_dim * bits as usize / 8)
 }
 
+/// Where a group's grid starts (`OscarConfig.offset`, docs/OSCAR.md §2.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Offset {
+    /// An integer zero point: `zero = round(-lo / scale)`, `offset = -zero * scale` (the paper).
+    #[default]
+    Integer,
+    /// The group minimum itself: `offset = lo`, `q = round((x - lo) / scale)`.
+    Min,
+}
+
+impl Offset {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "integer" => Ok(Self::Integer),
+            "min" => Ok(Self::Min),
+            _ => Err(Error::layout(format!("offset must be 'integer' or 'min', got {name:?}"))),
+        }
+    }
+}
+
+/// How the groups of one part (keys or values) are quantized at seal time: the offset rule and
+/// whether the MSE clip search runs (`OscarConfig.offset` / `clip`). The default is the paper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quantizer {
+    pub offset: Offset,
+    pub clip: bool,
+}
+
+/// Clip search candidates: `[lo + w*c, hi - w*c]` for each `c`, `w = hi - lo` (ratios 1, 15/16,
+/// 7/8, 13/16, 3/4 of the width; exact binary fractions). `oscar_sgl.reference.CLIP_SHRINK`.
+pub const CLIP_SHRINK: [f32; 5] = [0.0, 1.0 / 32.0, 2.0 / 32.0, 3.0 / 32.0, 4.0 / 32.0];
+/// A candidate's score: `sum t^2` in integers, `t = round(|x_hat - x| / w * 2^20)` capped at 2^24,
+/// so any summation order gives the same choice (`oscar_sgl.reference.clip_score`).
+const CLIP_SCORE_ONE: f32 = 1_048_576.0;
+const CLIP_SCORE_CAP: f32 = 16_777_216.0;
+
 /// Parameters of one quantization group (docs/LAYOUT.md §1).
 #[derive(Debug, Clone, Copy)]
 struct Group {
@@ -68,26 +104,75 @@ struct Group {
     zero: f32,
     offset: f32,
     normal: bool,
+    mode: Offset,
 }
 
 impl Group {
-    fn new(lo: f32, hi: f32, qmax: f32) -> Self {
-        if hi > lo {
-            let scale = (hi - lo) / qmax;
-            let zero = (-lo / scale).round_ties_even();
-            Self { scale, zero, offset: (-zero) * scale, normal: true }
-        } else {
-            Self { scale: 0.0, zero: 0.0, offset: lo, normal: false }
+    fn new(lo: f32, hi: f32, qmax: f32, mode: Offset) -> Self {
+        match mode {
+            Offset::Integer if hi > lo => {
+                let scale = (hi - lo) / qmax;
+                let zero = (-lo / scale).round_ties_even();
+                Self { scale, zero, offset: (-zero) * scale, normal: true, mode }
+            }
+            Offset::Min if (hi - lo) / qmax > 0.0 => {
+                Self { scale: (hi - lo) / qmax, zero: 0.0, offset: lo, normal: true, mode }
+            }
+            _ => Self { scale: 0.0, zero: 0.0, offset: lo, normal: false, mode },
+        }
+    }
+
+    /// The code of `x` as an f32 integer in `[0, qmax]` (NaN only where the reference has it too).
+    #[inline]
+    fn code_f32(&self, x: f32, qmax: f32) -> f32 {
+        if !self.normal {
+            return 0.0;
+        }
+        match self.mode {
+            Offset::Integer => ((x / self.scale).round_ties_even() + self.zero).clamp(0.0, qmax),
+            Offset::Min => ((x - self.offset) / self.scale).round_ties_even().clamp(0.0, qmax),
         }
     }
 
     #[inline]
     fn code(&self, x: f32, qmax: f32) -> u8 {
-        if !self.normal {
-            return 0;
-        }
         // Integer-valued and inside [0, qmax] after the clamp: the cast is exact.
-        ((x / self.scale).round_ties_even() + self.zero).clamp(0.0, qmax) as u8
+        self.code_f32(x, qmax) as u8
+    }
+
+    /// The clip search score of this group's grid over `xs` (canonical values), `width` the
+    /// unclipped group's `hi - lo`.
+    fn score(&self, xs: &[f32], width: f32, qmax: f32) -> i64 {
+        let w = if width > 0.0 { width } else { 1.0 };
+        xs.iter()
+            .map(|&x| {
+                let err = (self.code_f32(x, qmax) * self.scale + self.offset - x).abs();
+                let t = (err / w * CLIP_SCORE_ONE).round_ties_even();
+                let t = (if t <= CLIP_SCORE_CAP { t } else { CLIP_SCORE_CAP }) as i64;
+                t * t
+            })
+            .sum()
+    }
+
+    /// The group of canonical values `xs` with min/max `lo`/`hi`, clip-searched when asked: the
+    /// candidate of least score, the widest on ties.
+    fn choose(xs: &[f32], lo: f32, hi: f32, qmax: f32, quant: Quantizer) -> Self {
+        let mut best = Self::new(lo, hi, qmax, quant.offset);
+        if !quant.clip {
+            return best;
+        }
+        let width = hi - lo;
+        let mut best_score = best.score(xs, width, qmax);
+        for &c in &CLIP_SHRINK[1..] {
+            let d = width * c;
+            let g = Self::new(lo + d, hi - d, qmax, quant.offset);
+            let score = g.score(xs, width, qmax);
+            if score < best_score {
+                best = g;
+                best_score = score;
+            }
+        }
+        best
     }
 }
 
@@ -182,8 +267,9 @@ fn check_v_shape(shape: BlockShape, bits: u32, v_group: usize) -> Result<usize> 
 /// Quantize and pack keys already divided by their token scale.
 ///
 /// `values`: `[H, n, D]` f32, `n` a multiple of `k_group`. One group is `k_group` consecutive tokens
-/// of one (head, channel). Returns codes `[H, n, D*b/8]` and params `[H, n/G_K, 2, D]`.
-pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> Result<Packed> {
+/// of one (head, channel), quantized as `quant` says (`Quantizer::default()`: the paper's).
+/// Returns codes `[H, n, D*b/8]` and params `[H, n/G_K, 2, D]`.
+pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize, quant: Quantizer) -> Result<Packed> {
     let qmax = check_bits(bits)?;
     let rb = check_k_shape(shape, bits, k_group)?;
     check_len("key values", values.len(), shape.elements()?)?;
@@ -193,7 +279,8 @@ pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> R
     let mut params = vec![f16::ZERO; heads * groups * 2 * d];
     let mut lo = vec![0f32; d];
     let mut hi = vec![0f32; d];
-    let mut quant = Vec::with_capacity(d);
+    let mut groups_of = Vec::with_capacity(d);
+    let mut column = vec![0f32; if quant.clip { k_group } else { 0 }];
     for h in 0..heads {
         for g in 0..groups {
             let first = (h * tokens + g * k_group) * d;
@@ -214,20 +301,25 @@ pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> R
                     }
                 }
             }
-            quant.clear();
+            groups_of.clear();
             for c in 0..d {
                 check_range(lo[c], hi[c])?;
-                quant.push(Group::new(lo[c], hi[c], qmax));
+                if quant.clip {
+                    for (t, x) in column.iter_mut().enumerate() {
+                        *x = block[t * d + c] + 0.0;
+                    }
+                }
+                groups_of.push(Group::choose(&column, lo[c], hi[c], qmax, quant));
             }
             let p = (h * groups + g) * 2 * d;
-            for (c, q) in quant.iter().enumerate() {
+            for (c, q) in groups_of.iter().enumerate() {
                 params[p + c] = f16::from_f32(q.scale);
                 params[p + d + c] = f16::from_f32(q.offset);
             }
             for (t, row) in block.chunks_exact(d).enumerate() {
                 let out_row = (h * tokens + g * k_group + t) * rb;
                 let dst = &mut codes[out_row..out_row + rb];
-                for (c, (&v, q)) in row.iter().zip(&quant).enumerate() {
+                for (c, (&v, q)) in row.iter().zip(&groups_of).enumerate() {
                     put_code(dst, c, q.code(v + 0.0, qmax), bits);
                 }
             }
@@ -238,8 +330,9 @@ pub fn pack_k(values: &[f32], shape: BlockShape, bits: u32, k_group: usize) -> R
 
 /// Quantize and pack values: one group is `v_group` consecutive channels of one (token, head).
 ///
-/// `values`: `[H, n, D]` f32 (any `n`). Returns codes `[H, n, D*b/8]` and params `[H, n, 2, D/G_V]`.
-pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> Result<Packed> {
+/// `values`: `[H, n, D]` f32 (any `n`), quantized as `quant` says. Returns codes `[H, n, D*b/8]` and
+/// params `[H, n, 2, D/G_V]`.
+pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize, quant: Quantizer) -> Result<Packed> {
     let qmax = check_bits(bits)?;
     let rb = check_v_shape(shape, bits, v_group)?;
     check_len("value values", values.len(), shape.elements()?)?;
@@ -248,6 +341,7 @@ pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> R
     let rows = shape.heads * shape.tokens;
     let mut codes = vec![0u8; rows * rb];
     let mut params = vec![f16::ZERO; rows * 2 * groups];
+    let mut seg_c = vec![0f32; v_group];
     for (r, row) in values.chunks_exact(d).enumerate() {
         let dst = &mut codes[r * rb..(r + 1) * rb];
         for g in 0..groups {
@@ -265,7 +359,10 @@ pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize) -> R
                 }
             }
             check_range(lo, hi)?;
-            let q = Group::new(lo, hi, qmax);
+            for (x, &v) in seg_c.iter_mut().zip(seg) {
+                *x = v + 0.0;
+            }
+            let q = Group::choose(&seg_c, lo, hi, qmax, quant);
             params[r * 2 * groups + g] = f16::from_f32(q.scale);
             params[r * 2 * groups + groups + g] = f16::from_f32(q.offset);
             for (i, &v) in seg.iter().enumerate() {
@@ -321,20 +418,28 @@ pub fn unpack_v(codes: &[u8], params: &[f16], shape: BlockShape, bits: u32, v_gr
 mod tests {
     use super::*;
 
+    /// Today's quantizer: integer zero point, no clip search.
+    const PAPER: Quantizer = Quantizer { offset: Offset::Integer, clip: false };
+
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
     }
 
+    /// A key block of 4 tokens x 4 channels: channel 0 holds `column`, the others zeros.
+    fn one_channel(column: [f32; 4]) -> (BlockShape, Vec<f32>) {
+        let mut x = vec![0f32; 16];
+        for (t, v) in column.iter().enumerate() {
+            x[t * 4] = *v;
+        }
+        (BlockShape::new(1, 4, 4), x)
+    }
+
     #[test]
     fn known_group_int2() {
         // One channel, 4 tokens: lo=-1, hi=2 -> scale=1, zero=1, q = round(x)+1.
-        let shape = BlockShape::new(1, 4, 4);
-        let mut x = vec![0f32; 16];
-        for (t, v) in [-1.0f32, 0.0, 1.0, 2.0].iter().enumerate() {
-            x[t * 4] = *v;
-        }
-        let p = pack_k(&x, shape, 2, 4).unwrap();
+        let (shape, x) = one_channel([-1.0, 0.0, 1.0, 2.0]);
+        let p = pack_k(&x, shape, 2, 4, PAPER).unwrap();
         // Channel 0 codes 0,1,2,3 at bit offset 0 of byte 0 of each token row.
         assert_eq!(p.codes, vec![0, 1, 2, 3]);
         assert_eq!(p.params[0].to_f32(), 1.0); // scale of channel 0
@@ -345,11 +450,53 @@ mod tests {
     }
 
     #[test]
+    fn min_offset_spans_the_group_exactly() {
+        // lo=-0.5, hi=2.5: scale 1. Integer zero point: round(0.5) = 0 (ties to even), offset 0, so
+        // -0.5 decodes to 0. Min offset: offset -0.5, the grid is {-0.5, 0.5, 1.5, 2.5}.
+        let (shape, x) = one_channel([-0.5, 0.25, 1.0, 2.5]);
+        let int = pack_k(&x, shape, 2, 4, PAPER).unwrap();
+        assert_eq!(int.params[4].to_f32(), 0.0);
+        let min = pack_k(&x, shape, 2, 4, Quantizer { offset: Offset::Min, clip: false }).unwrap();
+        assert_eq!((min.params[0].to_f32(), min.params[4].to_f32()), (1.0, -0.5));
+        assert_eq!(min.codes, vec![0, 1, 2, 3]);
+        let y = unpack_k(&min.codes, &min.params, shape, 2, 4).unwrap();
+        assert_eq!((y[0], y[12]), (-0.5, 2.5));
+        assert!(Offset::parse("max").is_err());
+    }
+
+    #[test]
+    fn clip_search_shrinks_an_outlier_group_and_lowers_its_error() {
+        // One value channel group of 32: 31 values in [-1, 1] and one outlier at 6.
+        let shape = BlockShape::new(1, 1, 32);
+        let mut seed = 3u64;
+        let mut x: Vec<f32> = (0..32).map(|_| lcg(&mut seed) / 4.0).collect();
+        x[7] = 6.0;
+        let sq = |p: &Packed| {
+            let y = unpack_v(&p.codes, &p.params, shape, 2, 32).unwrap();
+            x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>()
+        };
+        for offset in [Offset::Integer, Offset::Min] {
+            let plain = pack_v(&x, shape, 2, 32, Quantizer { offset, clip: false }).unwrap();
+            let clipped = pack_v(&x, shape, 2, 32, Quantizer { offset, clip: true }).unwrap();
+            assert!(clipped.params[0].to_f32() < plain.params[0].to_f32(), "{offset:?}: the range did not shrink");
+            assert!(sq(&clipped) < sq(&plain), "{offset:?}");
+            assert_eq!(
+                pack_v(&x, shape, 2, 32, PAPER).unwrap(),
+                pack_v(&x, shape, 2, 32, Quantizer::default()).unwrap()
+            );
+        }
+        // A constant group keeps its constant (every candidate scores 0: the first wins).
+        let c = vec![1.5f32; 32];
+        let p = pack_v(&c, shape, 2, 32, Quantizer { offset: Offset::Min, clip: true }).unwrap();
+        assert_eq!((p.params[0].to_f32(), p.params[1].to_f32()), (0.0, 1.5));
+    }
+
+    #[test]
     fn constant_groups_have_no_nan() {
         let shape = BlockShape::new(2, 32, 8);
         let x = vec![3.25f32; shape.elements().unwrap()];
-        let k = pack_k(&x, shape, 4, 32).unwrap();
-        let v = pack_v(&x, shape, 4, 8).unwrap();
+        let k = pack_k(&x, shape, 4, 32, PAPER).unwrap();
+        let v = pack_v(&x, shape, 4, 8, PAPER).unwrap();
         assert!(k.codes.iter().all(|&b| b == 0) && v.codes.iter().all(|&b| b == 0));
         let kd = unpack_k(&k.codes, &k.params, shape, 4, 32).unwrap();
         let vd = unpack_v(&v.codes, &v.params, shape, 4, 8).unwrap();
@@ -369,8 +516,8 @@ mod tests {
         mixed[5] = 1.0;
         let mut pos2 = pos.clone();
         pos2[5] = 1.0;
-        assert_eq!(pack_k(&mixed, shape, 2, 32).unwrap(), pack_k(&pos2, shape, 2, 32).unwrap());
-        assert_eq!(pack_v(&mixed, shape, 2, 16).unwrap(), pack_v(&pos2, shape, 2, 16).unwrap());
+        assert_eq!(pack_k(&mixed, shape, 2, 32, PAPER).unwrap(), pack_k(&pos2, shape, 2, 32, PAPER).unwrap());
+        assert_eq!(pack_v(&mixed, shape, 2, 16, PAPER).unwrap(), pack_v(&pos2, shape, 2, 16, PAPER).unwrap());
     }
 
     #[test]
@@ -379,7 +526,7 @@ mod tests {
         for &(bits, d, g) in &[(2u32, 64usize, 32usize), (4, 128, 32), (2, 256, 64)] {
             let shape = BlockShape::new(3, 64, d);
             let x: Vec<f32> = (0..shape.elements().unwrap()).map(|_| lcg(&mut seed)).collect();
-            let k = pack_k(&x, shape, bits, g).unwrap();
+            let k = pack_k(&x, shape, bits, g, PAPER).unwrap();
             let y = unpack_k(&k.codes, &k.params, shape, bits, g).unwrap();
             let qmax = check_bits(bits).unwrap();
             // Half a step of the widest group (range <= 8) plus fp16 rounding of scale and offset.
@@ -403,16 +550,16 @@ mod tests {
     fn bad_inputs_are_errors() {
         let shape = BlockShape::new(1, 32, 64);
         let x = vec![1f32; shape.elements().unwrap()];
-        assert!(matches!(pack_k(&x, shape, 3, 32), Err(Error::Layout(_))));
-        assert!(matches!(pack_k(&x, shape, 2, 24), Err(Error::Layout(_))));
-        assert!(matches!(pack_k(&x[1..], shape, 2, 32), Err(Error::Layout(_))));
-        assert!(matches!(pack_v(&x, shape, 2, 48), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x, shape, 3, 32, PAPER), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x, shape, 2, 24, PAPER), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&x[1..], shape, 2, 32, PAPER), Err(Error::Layout(_))));
+        assert!(matches!(pack_v(&x, shape, 2, 48, PAPER), Err(Error::Layout(_))));
         let mut nan = x.clone();
         nan[9] = f32::NAN;
-        assert!(matches!(pack_v(&nan, shape, 2, 32), Err(Error::Layout(_))));
+        assert!(matches!(pack_v(&nan, shape, 2, 32, PAPER), Err(Error::Layout(_))));
         let mut wide = x;
         wide[0] = f32::MAX;
         wide[64] = -f32::MAX;
-        assert!(matches!(pack_k(&wide, shape, 2, 32), Err(Error::Layout(_))));
+        assert!(matches!(pack_k(&wide, shape, 2, 32, PAPER), Err(Error::Layout(_))));
     }
 }

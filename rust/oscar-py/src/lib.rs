@@ -106,9 +106,11 @@ fn by_part<T>(py: Python<'_>, part: &str, k: T, v: T) -> PyResult<T> {
 /// Quantize and pack keys (`part="k"`, float32 `[H, n, D]` already divided by the token scale,
 /// `group` = k_group) or values (`part="v"`, `group` = v_group); `shape` is `(H, n, D)`. Returns
 /// `(codes [H, n, D*b/8] uint8, params)` as bytes: key params `[H, n/k_group, 2, D]`, value params
-/// `[H, n, 2, D/v_group]` float16.
+/// `[H, n, 2, D/v_group]` float16. `offset` ("integer" or "min") and `clip` are the seal-time
+/// quantizer options of `OscarConfig` (docs/OSCAR.md §2.3) for this part.
 #[pyfunction]
-#[pyo3(name = "pack", signature = (values, *, part, shape, bits, group))]
+#[pyo3(name = "pack", signature = (values, *, part, shape, bits, group, offset = "integer", clip = false))]
+#[allow(clippy::too_many_arguments)]
 fn pack_block<'py>(
     py: Python<'py>,
     values: &[u8],
@@ -116,11 +118,14 @@ fn pack_block<'py>(
     shape: (usize, usize, usize),
     bits: u32,
     group: usize,
+    offset: &str,
+    clip: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let f = by_part::<PackFn>(py, part, pack::pack_k, pack::pack_v)?;
+    let quant = pack::Quantizer { offset: pack::Offset::parse(offset).map_err(|e| to_py_err(py, e))?, clip };
     let x = f32s(py, values)?;
     let shape = BlockShape::new(shape.0, shape.1, shape.2);
-    let p = py.detach(|| f(&x, shape, bits, group)).map_err(|e| to_py_err(py, e))?;
+    let p = py.detach(|| f(&x, shape, bits, group, quant)).map_err(|e| to_py_err(py, e))?;
     Ok((PyBytes::new(py, &p.codes), f16_bytes(py, &p.params)))
 }
 
@@ -144,7 +149,7 @@ fn unpack_block<'py>(
     Ok(f32_bytes(py, &y))
 }
 
-type PackFn = fn(&[f32], BlockShape, u32, usize) -> oscar_core::Result<pack::Packed>;
+type PackFn = fn(&[f32], BlockShape, u32, usize, pack::Quantizer) -> oscar_core::Result<pack::Packed>;
 type UnpackFn = fn(&[u8], &[half::f16], BlockShape, u32, usize) -> oscar_core::Result<Vec<f32>>;
 
 /// `(packed bytes per token per layer, stored bits per K/V element)` (docs/LAYOUT.md §4);
