@@ -582,7 +582,7 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     return res
 
 
-def bench_seal(bits: int, n_pages: int = 1024) -> dict:
+def bench_seal(bits: int, n_pages: int = 1024, offset: str = "integer", clip: str = "none") -> dict:
     stg_k = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_v = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_s = torch.rand(n_pages, P, 1, device=DEV) + 0.5
@@ -597,12 +597,29 @@ def bench_seal(bits: int, n_pages: int = 1024) -> dict:
     plan = torch.stack([torch.randperm(n_pages, device=DEV) + 1, torch.arange(n_pages, device=DEV)], dim=1).to(torch.int32).contiguous()
 
     def run():
-        oscar_seal(plan=plan, staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s, **pool, bits=bits, k_group=32, v_group=32)
+        oscar_seal(plan=plan, staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s, **pool, bits=bits, k_group=32, v_group=32,
+                   offset=offset, clip=clip)
 
     t = time_calls([run])
     read = stg_k.numel() * 2 * 2 + stg_s.numel() * 4
     written = n_pages * (H * (2 * P * nbytes + (P // 32) * 2 * D * 2 + P * 2 * (D // 32) * 2) + P * 4)
     return {"pages": n_pages, "bytes": read + written, "TBps": (read + written) / (t["us"] * 1e-6) / 1e12, "us_per_page": t["us"] / n_pages, **t}
+
+
+SEAL_OPTIONS = (("integer", "none"), ("min", "none"), ("integer", "values"), ("min", "values"), ("integer", "keys"),
+                ("min", "both"))
+
+
+def seal_markdown(rows: list[dict], meta: dict) -> str:
+    """The seal kernel's time per page for each seal-time option, against the default's."""
+    base = {r["bits"]: r["us_per_page"] for r in rows if (r["offset"], r["clip"]) == ("integer", "none")}
+    lines = [f"Seal kernel by seal-time option ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, {meta['date']}); "
+             "1024 pages of 8 KV heads x 128 tokens x head_dim 128, CUDA graphs.", "",
+             "| bits | offset | clip | us / page | TB/s | x default time |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['bits']} | {r['offset']} | {r['clip']} | {r['us_per_page']:.3f} | {r['TBps']:.2f} | "
+                     f"{r['us_per_page'] / base[r['bits']]:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -767,6 +784,7 @@ def main() -> None:
     ap.add_argument("--extend-only", action="store_true", help="only the extend / prefill shapes (both --oscar-prefill modes vs SGLang)")
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
+    ap.add_argument("--seal-only", action="store_true", help="only the seal kernel, for every seal-time quantizer option (offset x clip, docs/OSCAR.md §2.3); writes seal.json / seal.md")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
@@ -781,6 +799,18 @@ def main() -> None:
         "shape": {"q_heads": HQ, "kv_heads": H, "head_dim": D, "page": P, "k_group": 32, "v_group": 32},
     }  # fmt: skip
     log("meta", json.dumps(meta))
+    if args.seal_only:
+        rows = []
+        for bits in (2, 4):
+            for offset, clip in SEAL_OPTIONS:
+                r = {"bits": bits, "offset": offset, "clip": clip, **bench_seal(bits, offset=offset, clip=clip)}
+                rows.append(r)
+                log(f"seal INT{bits} offset={offset} clip={clip}: {r['us_per_page']:.3f} us/page, {r['TBps']:.2f} TB/s")
+        json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "seal.json"), "w"), indent=1)
+        md = seal_markdown(rows, meta)
+        open(os.path.join(args.out, "seal.md"), "w").write(md)
+        log(md)
+        return
     if args.gluon:
         from oscar_sgl.kernels import gluon_decode
 
