@@ -66,28 +66,59 @@ pub const NO_SLOT: i32 = -1;
 /// Largest page size: fills are stored as `u16`.
 pub const MAX_PAGE_SIZE: u32 = 1 << 15;
 
-/// Where a page's tokens are (docs/OSCAR.md: a page is filled in staging, then sealed once full).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum PageState {
-    /// Holds nothing; can be allocated.
-    Free = 0,
-    /// Being filled: its tokens are BF16 in the staging slot the page map names.
-    Open = 1,
-    /// Full and quantized into the packed pool (its staging slot released).
-    Sealed = 2,
+/// A page attribute stored in a few bits of the runtime's packed page byte: the enum, the name
+/// Python sees (`page_info`) and the decoding of the stored bits (a value no variant has reads as the
+/// last variant; the runtime only stores its own).
+macro_rules! page_attribute {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $value:literal, $text:literal;)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(u8)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant = $value,)+
+        }
+
+        impl $name {
+            const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// Its name in `page_info` and the statistics.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            #[inline]
+            fn from_bits(bits: u8) -> Self {
+                let last = Self::ALL[Self::ALL.len() - 1];
+                Self::ALL.iter().copied().find(|v| *v as u8 == bits).unwrap_or(last)
+            }
+        }
+    };
 }
 
-/// Who holds a page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Owner {
-    /// Free.
-    None = 0,
-    /// A request's KV row (everything freshly allocated).
-    Request = 1,
-    /// The radix cache (shared prefix; always sealed).
-    Tree = 2,
+page_attribute! {
+    /// Where a page's tokens are (docs/OSCAR.md: a page is filled in staging, then sealed once full).
+    PageState {
+        /// Holds nothing; can be allocated.
+        Free = 0, "free";
+        /// Being filled: its tokens are BF16 in the staging slot the page map names.
+        Open = 1, "open";
+        /// Full and quantized into the packed pool (its staging slot released).
+        Sealed = 2, "sealed";
+    }
+}
+
+page_attribute! {
+    /// Who holds a page.
+    Owner {
+        /// Free.
+        None = 0, "none";
+        /// A request's KV row (everything freshly allocated).
+        Request = 1, "request";
+        /// The radix cache (shared prefix; always sealed).
+        Tree = 2, "tree";
+    }
 }
 
 /// The packed format every sealed page of a runtime is written in.
@@ -376,20 +407,12 @@ impl Runtime {
 
     #[inline]
     fn page_state(&self, i: usize) -> PageState {
-        match self.state[i] & STATE_MASK {
-            0 => PageState::Free,
-            1 => PageState::Open,
-            _ => PageState::Sealed,
-        }
+        PageState::from_bits(self.state[i] & STATE_MASK)
     }
 
     #[inline]
     fn owner(&self, i: usize) -> Owner {
-        match (self.state[i] & OWNER_MASK) >> OWNER_SHIFT {
-            0 => Owner::None,
-            1 => Owner::Request,
-            _ => Owner::Tree,
-        }
+        Owner::from_bits((self.state[i] & OWNER_MASK) >> OWNER_SHIFT)
     }
 
     #[inline]

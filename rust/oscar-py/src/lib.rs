@@ -4,7 +4,7 @@
 
 use oscar_core::pack::{self, BlockShape};
 use oscar_core::plan::{self, ModelShape, QuantFormat};
-use oscar_core::runtime::{self, Owner, PageState, RuntimeConfig};
+use oscar_core::runtime::{self, RuntimeConfig};
 use oscar_core::{half, Error};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -200,22 +200,6 @@ fn plan_memory(
         .collect())
 }
 
-fn state_name(s: PageState) -> &'static str {
-    match s {
-        PageState::Free => "free",
-        PageState::Open => "open",
-        PageState::Sealed => "sealed",
-    }
-}
-
-fn owner_name(o: Owner) -> &'static str {
-    match o {
-        Owner::None => "none",
-        Owner::Request => "request",
-        Owner::Tree => "tree",
-    }
-}
-
 /// The page runtime (see `oscar_core::runtime`). One `step` call per scheduler step.
 #[pyclass(module = "oscar_sgl._core")]
 struct Runtime {
@@ -310,7 +294,7 @@ impl Runtime {
     /// `(state, owner, fill, slot, locks)` of one page.
     fn page_info(&self, py: Python<'_>, page: u32) -> PyResult<(&'static str, &'static str, u32, i32, u32)> {
         let i = self.inner.page_info(page).map_err(|e| to_py_err(py, e))?;
-        Ok((state_name(i.state), owner_name(i.owner), i.fill, i.slot, i.locks))
+        Ok((i.state.name(), i.owner.name(), i.fill, i.slot, i.locks))
     }
 
     /// Counters by name (ints, and floats for the ratios).
