@@ -89,3 +89,49 @@ def test_import_needs_neither_sglang_nor_transformers():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "5.015625"
+
+
+def _module_level_imports(root: Path) -> dict[str, set[str]]:
+    """The package's modules and, for each, the package modules it imports at module level (imports
+    inside functions and under ``if TYPE_CHECKING:`` run later or never, so they cannot cycle)."""
+    import ast
+
+    files = {".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): f
+             for f in root.rglob("*.py")}  # fmt: skip
+    graph: dict[str, set[str]] = {}
+    for name, f in files.items():
+        pkg = name if f.stem == "__init__" else name.rsplit(".", 1)[0]
+        deps: set[str] = set()
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                continue
+            for n in node.body if isinstance(node, ast.If) else [node]:
+                if isinstance(n, ast.ImportFrom):
+                    base = pkg.split(".")[: len(pkg.split(".")) - n.level + 1] if n.level else []
+                    mod = ".".join(base + ([n.module] if n.module else []))
+                    deps |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in files else mod for a in n.names}
+                elif isinstance(n, ast.Import):
+                    deps |= {a.name for a in n.names}
+        graph[name] = {d for d in deps if d in files and d != name}
+    return graph
+
+
+def test_no_import_cycle():
+    """No module of ``oscar_sgl`` (the kernels included) imports, at module level, a module that
+    imports it back (directly or through others)."""
+    graph = _module_level_imports(ROOT / "python" / "oscar_sgl")
+    assert "oscar_sgl.kernels.decode" in graph and "oscar_sgl.sglang.pool" in graph
+    assert "oscar_sgl.kernels.common" in graph["oscar_sgl.kernels.decode"]  # the parser sees relative imports
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            assert state.get(d) != 1, f"import cycle: {' -> '.join([*path[path.index(d):], m, d])}"
+            if d not in state:
+                visit(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
