@@ -752,21 +752,11 @@ fn generator_covers_the_cases() {
              exhausted, settles);
     }
     eprintln!("{total:?}");
-    let c = total;
-    for (what, n) in [
-        ("seals", c.seals),
-        ("direct seals", c.direct_seals),
-        ("cancelled seals", c.cancelled_seals),
-        ("shares", c.shares),
-        ("duplicates", c.duplicates),
-        ("evictions", c.evictions),
-        ("locks", c.locks),
-        ("chunked prefills", c.chunked),
-        ("decode rows", c.decodes),
-        ("retractions", c.retractions),
-        ("exhaustions", c.exhausted),
-        ("flushes between steps", c.settles),
-    ] {
-        assert!(n >= 20, "the trace generator produced only {n} {what}");
+    // Every kind of event the generator is meant to produce occurred often enough to be tested.
+    macro_rules! at_least_20 {
+        ($($field:ident $what:literal),*) => { $(assert!(total.$field >= 20, "the trace generator produced only {} {}", total.$field, $what);)* };
     }
+    at_least_20!(seals "seals", direct_seals "direct seals", cancelled_seals "cancelled seals", shares "shares",
+                 duplicates "duplicates", evictions "evictions", locks "locks", chunked "chunked prefills",
+                 decodes "decode rows", retractions "retractions", exhausted "exhaustions", settles "flushes between steps");
 }
