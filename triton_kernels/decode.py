@@ -321,7 +321,7 @@ class _DecodeTuning:
             options ignored; the write with the query rotation (``oscar_write_kv``) and the merge
             with the inverse rotation are separate launches. Opt-in (tests and benchmarks): its
             stage 1 is 1.01-1.25x the Triton stage 1 on an H200, but a whole step with the two
-            extra launches is 0.63-0.93x the fused Triton step at short contexts and only
+            extra launches is 0.62-0.93x the fused Triton step at short contexts and only
             1.03-1.22x at long ones (benches/results/kernels.md, "Gluon"), and the default cannot
             depend on lengths (CUDA graphs).
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
