@@ -15,9 +15,10 @@ from oscar_sgl.kernels import extend as kextend
 from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
 
-def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False):
+def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False, return_out=False):
     """cases: (prefix_len, new_tokens) per request. ``tune``: fields of the launcher's default
-    ``_ExtendTuning`` to override (``block_m``, ``num_warps``).
+    ``_ExtendTuning`` to override (``block_m``, ``num_warps``, ``dequantize``). Returns the relative
+    RMS error against the reference, with ``return_out`` ``(output, error)``.
 
     ``position=False`` (``--oscar-prefill exact``): the pool holds the prefix (full pages sealed, a
     partial last page in staging); the new tokens come from the step's own k/v.
@@ -77,7 +78,8 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         v_exact = torch.cat((v_open, vs[b].float().transpose(0, 1)), dim=1)
         refs.append(R.extend_attention(qs[b].float(), kbs, vbs, k_exact, v_exact, cfg, sm,
                                        exact_from=pre // p * p, sealed_until=until))
-    return rel_rms(out, torch.cat(refs))
+    err = rel_rms(out, torch.cat(refs))
+    return (out, err) if return_out else err
 
 
 @pytest.mark.parametrize("bits", [2, 4])
@@ -177,6 +179,41 @@ def test_extend_rejects_a_block_that_splits_a_query_group():
         _run(cfg, h=1, group=8, d=64, p=32, cases=[(32, 2)], seed=15, tune=dict(block_m=4))
 
 
+@pytest.mark.parametrize("position", [True, False])
+def test_extend_dequantized_pages_equal_register_dequantization(position):
+    """The sealed pages read pre-dequantized from the scratch (the default while it fits) give the
+    outputs of dequantizing each tile in registers: the same fp16 operands, products and softmax.
+    Mixed requests: fresh, page-aligned and mid-page prefixes, one token."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    cases = [(0, 70), (32, 33), (45, 20), (64, 1)]
+    outs = []
+    for dequantize in (True, False):
+        outs.append(_run(cfg, h=2, group=4, d=64, p=32, cases=cases, seed=31, position=position,
+                         tune=dict(dequantize=dequantize), return_out=True))
+    assert torch.equal(outs[0][0], outs[1][0]) or rel_rms(outs[0][0], outs[1][0]) < 1e-5
+    assert outs[0][1] < ATTN_BOUND_FP32_OUT and outs[1][1] < ATTN_BOUND_FP32_OUT
+
+
+def test_extend_falls_back_to_registers_past_the_scratch_budget(monkeypatch):
+    """A batch whose scratch would exceed ``DEQUANTIZE_SCRATCH_BYTES`` dequantizes in registers
+    (no launch of the dequantize kernel) and still matches the reference."""
+    cfg = OscarConfig(bits=4, page_size=32)
+    launched = []
+    real = kextend._dequantize_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kextend, "_dequantize_kernel", Spy())
+    err = _run(cfg, h=1, group=2, d=64, p=32, cases=[(40, 30)], seed=32, position=True)
+    assert err < ATTN_BOUND_FP32_OUT and len(launched) == 1
+    monkeypatch.setattr(kextend, "DEQUANTIZE_SCRATCH_BYTES", kextend.dequantize_scratch_bytes(2, 1, 32, 64))
+    err = _run(cfg, h=1, group=2, d=64, p=32, cases=[(40, 30)], seed=32, position=True)  # 3 pages > 2
+    assert err < ATTN_BOUND_FP32_OUT and len(launched) == 1
+
+
 def test_extend_d256():
     cfg = OscarConfig(bits=2, page_size=32)
     err = _run(cfg, h=1, group=2, d=256, p=32, cases=[(40, 17)], seed=12)
@@ -186,10 +223,26 @@ def test_extend_d256():
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("block_m,num_warps", [(None, None), (128, 8), (32, 4)])
-def test_extend_gpu_real_sizes(bits, block_m, num_warps):
+@pytest.mark.parametrize("block_m,num_warps,block_n", [(None, None, None), (128, 8, 32), (32, 4, 32), (128, 8, 64), (64, 4, 128)])
+@pytest.mark.parametrize("dequantize", [None, False])
+@pytest.mark.parametrize("position", [True, False])
+def test_extend_gpu_real_sizes(bits, block_m, num_warps, block_n, dequantize, position):
     cfg = OscarConfig(bits=bits, page_size=128)
     cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
+    tune = {} if block_m is None else dict(block_m=block_m, num_warps=num_warps, block_n=block_n)
     err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=13,
-               tune=None if block_m is None else dict(block_m=block_m, num_warps=num_warps))
+               tune=dict(tune, dequantize=dequantize), position=position)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("position", [True, False])
+def test_extend_gpu_dequantized_pages_close_to_registers(position):
+    """On the GPU the two ways of reading sealed pages differ only in the tensor-core instructions'
+    accumulation order."""
+    cfg = OscarConfig(bits=2, page_size=128)
+    cases = [(0, 700), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
+    outs = [_run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=33, position=position,
+                 tune=dict(dequantize=dq), return_out=True)[0] for dq in (True, False)]
+    assert rel_rms(outs[0], outs[1]) < 2e-3

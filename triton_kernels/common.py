@@ -593,6 +593,16 @@ def dequant_values(words, s_pk, o_pk, N: tl.constexpr, W: tl.constexpr, BITS: tl
 
 
 @triton.jit
+def token_scales(page, t0, s_col, pool, P: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, valid=True):
+    """s_t of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (column ``s_col`` of the
+    ``pool`` tuple's token scales), fp32 ``[BLOCK_N]``: 1 without token scaling (``S == 0``)."""
+    if S > 0:
+        return tl.load(pool[4] + (page * P + t0 + tl.arange(0, BLOCK_N)) * S + s_col, mask=valid, other=0.0)
+    else:
+        return tl.full([BLOCK_N], 1.0, tl.float32)
+
+
+@triton.jit
 def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, P: tl.constexpr,
              G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr):
     """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``),
@@ -603,7 +613,7 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
     The pool arrays (the ``pool`` tuple, ``POOL_TENSORS`` order) come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
     ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs): every load is one
     contiguous block of >= 4-byte elements. Without token scaling s_t is 1."""
-    kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr = pool[0], pool[1], pool[2], pool[3], pool[4]
+    kw_ptr, kp_ptr, vw_ptr, vp_ptr = pool[0], pool[1], pool[2], pool[3]
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
@@ -614,10 +624,7 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
     o_w = tl.arange(0, W)
     kp = tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :], mask=valid, other=0)
     kw = tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
-    if S > 0:
-        st = tl.load(scale_ptr + (page * P + o_n) * S + s_col, mask=valid, other=0.0)
-    else:
-        st = tl.full([BLOCK_N], 1.0, tl.float32)
+    st = token_scales(page, t0, s_col, pool, P, S, BLOCK_N, valid)
     vp = tl.load(vp_ptr + o_row[:, None] * NG + tl.arange(0, NG)[None, :], mask=valid, other=0)
     vw = tl.load(vw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
     return kp, kw, st, vp, vw
@@ -658,16 +665,25 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
         acc = acc * alpha[None, :] + tl.dot(v_t, b_p.to(tl.float16))
     else:
         b_s = tl.dot(q, tl.trans(b_k)) * b_st[None, :]
-        if row_ok is not None:
-            b_s = tl.where(row_ok[:, None], b_s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
-        m_ref = safe_max(m_new, row_ok)
-        alpha = tl.exp2(m_i - m_ref)
-        b_p = tl.exp2(b_s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(b_p, axis=1)
+        m_new, l_i, alpha, b_p = softmax_rows(b_s, m_i, l_i, row_ok)
         b_v = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, False)
         acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def softmax_rows(b_s, m_i, l_i, row_ok=None):
+    """The online-softmax update of rows ``[M]`` for the base-2 logits ``b_s`` ``[M, N]`` of one
+    tile: ``(m_new, l_i, alpha, p)``, the caller then scales its accumulator by ``alpha`` and adds
+    ``p . V``. ``row_ok``: as in ``attend_raw``."""
+    if row_ok is not None:
+        b_s = tl.where(row_ok[:, None], b_s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
+    m_ref = safe_max(m_new, row_ok)
+    alpha = tl.exp2(m_i - m_ref)
+    b_p = tl.exp2(b_s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(b_p, axis=1)
+    return m_new, l_i, alpha, b_p
 
 
 @triton.jit
@@ -690,6 +706,46 @@ def sealed_tile(q, page, t0, i_h, s_col, m_i, l_i, acc, pool, sm_scale_log2, H: 
     kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, pool, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
     return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
                       row_ok)
+
+
+@triton.jit
+def dequantized_tile(q, row0, st, m_i, l_i, acc, sk_ptr, sv_ptr, sm_scale_log2, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     row_ok=None):
+    """``attend_raw`` (rows) over a sealed tile that ``dequantize_tiles`` already wrote out:
+    fp16 keys ``[BLOCK_N, D]`` (``channel_of`` order) and values (channel order) at scratch rows
+    ``[row0, row0 + BLOCK_N)`` of ``sk_ptr`` / ``sv_ptr``, s_t ``st`` ``[BLOCK_N]``. The same fp16
+    operands, products and softmax as ``attend_raw`` on the stored bytes; the operands come as
+    plain loads, which Triton pipelines into shared memory for the tensor cores."""
+    o_n = row0 + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, D)
+    b_k = tl.load(sk_ptr + o_n[:, None] * D + o_d[None, :])
+    b_s = tl.dot(q, tl.trans(b_k)) * (st * sm_scale_log2)[None, :]
+    m_new, l_i, alpha, b_p = softmax_rows(b_s, m_i, l_i, row_ok)
+    b_v = tl.load(sv_ptr + o_n[:, None] * D + o_d[None, :])
+    acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def dequantize_tile(page, t0, i_h, row0, pool, sk_ptr, sv_ptr, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                    P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr):
+    """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) dequantized as
+    ``attend_raw`` dequantizes them, stored at scratch rows ``[row0, row0 + BLOCK_N)``: fp16 keys
+    in the ``channel_of`` order to ``sk_ptr``, values in channel order to ``sv_ptr`` (``[.., D]``
+    rows)."""
+    W: tl.constexpr = D * BITS // 32
+    NG: tl.constexpr = D // G_V
+    GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
+    NGT: tl.constexpr = BLOCK_N // GT
+    kp, kw, _, vp, vw = tile_raw(page, t0, i_h, 0, True, pool, H, D, BITS, P, G_K, G_V, 0, BLOCK_N)
+    s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
+    b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
+    vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W, USE_ASM)
+    b_v = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, False)
+    o_n = row0 + tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, D)
+    tl.store(sk_ptr + o_n[:, None] * D + o_d[None, :], b_k)
+    tl.store(sv_ptr + o_n[:, None] * D + o_d[None, :], b_v)
 
 
 @triton.jit

@@ -15,6 +15,14 @@ read as codes: the pool sealed them before this launch). ``position=False`` (``-
 exact``): the page holding the end of the prefix, for every row, so a fresh prompt is plain exact
 attention. The two parts share one online softmax and keep two accumulators, one per basis; the
 rotated one is turned back (``H_D`` is its own inverse) and added at the end.
+
+Sealed pages are read one of two ways, with the same fp16 operands and the same products
+(``_ExtendTuning.dequantize``): by default a first launch (``_dequantize_kernel``) dequantizes
+every page some row reads as codes into an fp16 scratch, once per (page, KV head), and the
+attention launch streams those tiles as plain loads, which Triton pipelines into shared memory for
+the tensor cores; otherwise (a batch whose scratch would pass ``DEQUANTIZE_SCRATCH_BYTES``) each
+program dequantizes its tiles in registers, as decode does. Decode reads every tile once per (request, KV
+head); extend reads it once per block of new tokens, so dequantizing it once pays there.
 """
 
 from __future__ import annotations
@@ -26,20 +34,54 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, fwht_rows, interpreting,
-                     pool_arguments, rotation_arguments, sealed_tile, staging_tile, to_bf16_rne, use_asm)
+from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, dequantize_tile,
+                     dequantized_tile, fwht_rows, interpreting, pool_arguments, rotation_arguments, sealed_tile, staging_tile,
+                     to_bf16_rne, token_scales, use_asm)
 from .write import oscar_rotate_q
+
+
+@triton.jit
+def _dequantize_kernel(
+    pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr, sk_ptr, sv_ptr, B,
+    H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
+    BLOCK_N: tl.constexpr, LOG2B: tl.constexpr, POSITION: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """Grid ``(len(kv_page_indices), H, P / BLOCK_N)``: tile ``t`` of KV head ``h`` of the ``i``-th
+    page of the batch's page list, dequantized to scratch rows ``(i * H + h) * P + t * BLOCK_N ..``
+    when some row of its request reads that page as codes (below the request's largest sealed
+    boundary: ``_extend_kernel``); other entries are left unwritten and never read."""
+    i = tl.program_id(0)
+    i_h = tl.program_id(1).to(tl.int64)
+    t0 = tl.program_id(2) * BLOCK_N
+    # the request of entry i: the last b with kv_indptr[b] <= i (binary search over B + 1 offsets)
+    lo = 0
+    hi = B
+    for _ in tl.static_range(LOG2B):
+        mid = (lo + hi) // 2
+        go = tl.load(kv_indptr_ptr + mid) <= i
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    prefix = tl.load(prefix_lens_ptr + lo)
+    n_new = tl.load(qo_indptr_ptr + lo + 1) - tl.load(qo_indptr_ptr + lo)
+    if POSITION:
+        limit = (prefix + n_new - 1) // P
+    else:
+        limit = prefix // P
+    if (i - tl.load(kv_indptr_ptr + lo) < limit) & (n_new > 0):
+        page = tl.load(page_idx_ptr + i).to(tl.int64)
+        dequantize_tile(page, t0, i_h, (i * H + i_h) * P + t0, pool, sk_ptr, sv_ptr, H, D, BITS, P, G_K, G_V, BLOCK_N, USE_ASM)
 
 
 @triton.jit
 def _extend_kernel(
     q_ptr, qrot_ptr, k_ptr, v_ptr, o_ptr, pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr,
+    sk_ptr, sv_ptr,  # DEQUANTIZED: the sealed pages as _dequantize_kernel wrote them
     sm_scale_log2,
     strides,  # (q, k, v, o) x (token, head)
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
     ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
-    POSITION: tl.constexpr, INTERPRET: tl.constexpr, USE_ASM: tl.constexpr,
+    POSITION: tl.constexpr, DEQUANTIZED: tl.constexpr, INTERPRET: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -87,23 +129,43 @@ def _extend_kernel(
             o_qr = (rows * HQ + o_hq)[:, None] * D
             b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
-            for pi in range(0, sp_lo):  # below every row's boundary
-                page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                for t0 in range(0, P, BLOCK_N):
-                    m_i, l_i, acc_r = sealed_tile(
-                        b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                        pool, sm_scale_log2,
-                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+            if DEQUANTIZED:  # one loop over the tiles, so that Triton pipelines their loads
+                TPP: tl.constexpr = P // BLOCK_N
+                for ti in range(0, sp_lo * TPP):  # below every row's boundary
+                    pi = ti // TPP
+                    t0 = (ti % TPP) * BLOCK_N
+                    page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                    m_i, l_i, acc_r = dequantized_tile(
+                        b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                        m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N,
                     )  # fmt: skip
-            if POSITION:
-                for pi in range(sp_lo, sp_hi):  # below the boundary of some rows only
+                if POSITION:
+                    for ti in range(sp_lo * TPP, sp_hi * TPP):  # below the boundary of some rows only
+                        pi = ti // TPP
+                        t0 = (ti % TPP) * BLOCK_N
+                        page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                        m_i, l_i, acc_r = dequantized_tile(
+                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi,
+                        )  # fmt: skip
+            else:
+                for pi in range(0, sp_lo):  # below every row's boundary
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
                     for t0 in range(0, P, BLOCK_N):
                         m_i, l_i, acc_r = sealed_tile(
                             b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
                             pool, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
                         )  # fmt: skip
+                if POSITION:
+                    for pi in range(sp_lo, sp_hi):  # below the boundary of some rows only
+                        page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                        for t0 in range(0, P, BLOCK_N):
+                            m_i, l_i, acc_r = sealed_tile(
+                                b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                                pool, sm_scale_log2,
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
+                            )  # fmt: skip
             # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
             if (prefix % P != 0) & (sp_lo == open_page):
                 stg = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
@@ -179,11 +241,28 @@ class _ExtendTuning:
         num_warps: Triton warps per program.
         block_n: tokens per prefix / new-token tile (divides the page: a multiple of 32,
             ``oscar_sgl.supported``).
+        dequantize: read the sealed pages as fp16 that a first launch dequantized into a scratch
+            (True), or dequantize each tile in registers in the attention launch (False); None:
+            True when that scratch stays within ``DEQUANTIZE_SCRATCH_BYTES``. The same values
+            either way (``dequantized_tile``).
     """
 
     block_m: int
     num_warps: int
     block_n: int = 32
+    dequantize: bool | None = None
+
+
+#: The largest scratch (fp16 keys + values of every page of an extend batch's page lists, all
+#: KV heads of the layer) an extend launch allocates to read its sealed pages pre-dequantized; a
+#: batch whose pages need more dequantizes in registers instead (``_ExtendTuning.dequantize``).
+#: 256 MiB holds 65536 tokens of 8 KV heads at head_dim 128.
+DEQUANTIZE_SCRATCH_BYTES = 256 << 20
+
+
+def dequantize_scratch_bytes(num_pages: int, num_kv_heads: int, page_size: int, head_dim: int) -> int:
+    """Bytes of the fp16 key + value scratch for ``num_pages`` entries of a page list."""
+    return 2 * 2 * num_pages * num_kv_heads * page_size * head_dim
 
 
 def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _ExtendTuning:
@@ -256,13 +335,32 @@ def oscar_extend_attention(
         max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max().item()) if b else 0
     if t == 0 or b == 0 or max_new_tokens == 0:
         return out
+    pool = pool_arguments(layer)
+    n_pages = kv_page_indices.shape[0]
+    dequantize = tune.dequantize
+    if dequantize is None:
+        dequantize = 0 < dequantize_scratch_bytes(n_pages, h, p, d) <= DEQUANTIZE_SCRATCH_BYTES
+    if dequantize and n_pages:
+        sk = torch.empty((n_pages, h, p, d), dtype=torch.float16, device=q.device)
+        sv = torch.empty_like(sk)
+        deq_n = min(p, 32)
+        check_sealed_tile(deq_n, page_size=p, k_group=layer.k_group)
+        _dequantize_kernel[(n_pages, h, p // deq_n)](
+            pool=pool["pool"], qo_indptr_ptr=qo_indptr, kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices,
+            prefix_lens_ptr=prefix_lens, sk_ptr=sk, sv_ptr=sv, B=b,
+            **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V")}, BLOCK_N=deq_n, LOG2B=max(1, b.bit_length()),
+            POSITION=bool(position), USE_ASM=use_asm(q.device),
+        )  # fmt: skip
+    else:
+        dequantize = False
+        sk = sv = q_rot  # not read
     _extend_kernel[(b, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
         # the new tokens, the output, the layer's pool and the requests' pages
-        q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool_arguments(layer),
+        q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool,
         qo_indptr_ptr=qo_indptr, kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, prefix_lens_ptr=prefix_lens,
-        sm_scale_log2=sm_scale * math.log2(math.e),
+        sk_ptr=sk, sv_ptr=sv, sm_scale_log2=sm_scale * math.log2(math.e),
         strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
-        **rotate, GROUP=hq // h, POSITION=bool(position),
+        **rotate, GROUP=hq // h, POSITION=bool(position), DEQUANTIZED=bool(dequantize),
         # how it runs (_ExtendTuning)
         BLOCK_M=tune.block_m, GP=gp, BLOCK_N=tune.block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
         num_warps=tune.num_warps,

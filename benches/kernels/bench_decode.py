@@ -520,7 +520,10 @@ def bench_write(batch: int) -> dict:
 
 # (batch, cached prefix, new tokens): prefix-cache hits, then fresh prompts (prefill chunks)
 EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128), (1, 0, 8192), (4, 0, 2048), (1, 8192, 8192)]
-EXTEND_VARIANTS = [(0, 0), (64, 4), (128, 4), (64, 8)]  # (block_m, num_warps); (0, 0) = default
+# (block_m, num_warps, block_n, dequantize); block_m 0 = the launcher's default. The last one is the
+# default tiling reading sealed pages the other way (in registers / pre-dequantized, whichever the
+# default does not): its time is the "other path" column.
+EXTEND_VARIANTS = [(0, 0, 0, None), (128, 8, 64, True), (64, 4, 32, True), (128, 4, 64, True), (128, 8, 32, False)]
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
@@ -549,17 +552,21 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
                                max_new_tokens=new, out=out, **kw)  # fmt: skip
 
     res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
-    for bm, nw in EXTEND_VARIANTS:  # (0, 0): the launcher's default
-        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw)}
+    for bm, nw, bn, dq in EXTEND_VARIANTS:  # block_m 0: the launcher's default
+        kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw,
+                                                                  block_n=bn, dequantize=dq)}
+        cfg = {"block_m": bm, "num_warps": nw, "block_n": bn, "dequantize": dq}
         try:
             tv = time_calls([lambda kw=kw: oscar(**kw)])
         except Exception as e:  # noqa: BLE001
-            res["variants"].append({"block_m": bm, "num_warps": nw, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            res["variants"].append({**cfg, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
-        res["variants"].append({"block_m": bm, "num_warps": nw, **tv})
+        res["variants"].append({**cfg, **tv})
     ok = [v for v in res["variants"] if "us" in v]
     res["oscar"] = min(ok, key=lambda v: v["us"])
     res["oscar_default_us"] = ok[0]["us"] if ok and ok[0]["block_m"] == 0 else None
+    res["oscar_registers_us"] = res["variants"][-1].get("us")  # the default tiling, dequantizing in registers
+    res["default_dequantizes"] = _ext.dequantize_scratch_bytes(st.pages[0].shape[0], H, P, D) <= _ext.DEQUANTIZE_SCRATCH_BYTES
     try:  # --oscar-prefill exact, the default tuning
         res["oscar_exact"] = time_calls([lambda: oscar(position=False)])
     except Exception as e:  # noqa: BLE001
@@ -577,6 +584,8 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     try:
         res["sglang"] = time_calls([sglang])
         res["vs_sglang"] = res["sglang"]["us"] / res["oscar"]["us"]
+        if res["oscar_default_us"]:
+            res["vs_sglang_default"] = res["sglang"]["us"] / res["oscar_default_us"]
     except Exception:  # noqa: BLE001
         res["sglang"] = {"error": traceback.format_exc()[-1500:]}
     return res
@@ -742,19 +751,26 @@ def markdown(res: dict, rows: list[dict]) -> str:
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
         lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
-                  "prompt) with --oscar-prefill position (default; best of the tuning sweep and the default tuning) "
-                  "and exact (default tuning) vs SGLang's Triton extend kernel on BF16 KV:", "",
-                  "| bits | B | prefix | new | position us (best) | position default us | best (block_m, warps) | exact us | SGLang us | x SGLang (position) | exact / position |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "prompt) with --oscar-prefill position (the default) and exact (default tuning) vs SGLang's Triton "
+                  "extend kernel on BF16 KV. 'default': the launch the server runs (sealed pages pre-dequantized into "
+                  "a scratch when it fits, 'dq'); 'registers': the same tiling dequantizing in registers; 'best': of "
+                  "the sweep (block_m, warps, block_n, dq):", "",
+                  "| bits | B | prefix | new | default us | dq | registers us | best us | best config | exact us | SGLang us | x SGLang (default) | x SGLang (best) | exact / default |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+        def r1(x):
+            return "-" if x is None else f"{x:.1f}"
+
         for e in ext:
             sg = e.get("sglang", {}).get("us")
             dflt = e.get("oscar_default_us")
             ex = e.get("oscar_exact", {}).get("us")
-            lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {e['oscar']['us']:.1f} | "
-                         f"{dflt if dflt is None else round(dflt, 1)} | ({e['oscar']['block_m']}, {e['oscar']['num_warps']}) | "
-                         f"{ex if ex is None else round(ex, 1)} | "
-                         f"{sg if sg is None else round(sg, 1)} | {e.get('vs_sglang') and round(e['vs_sglang'], 2)} | "
-                         f"{ex and dflt and round(ex / dflt, 2)} |")
+            b = e["oscar"]
+            cfg = "default" if b["block_m"] == 0 else f"({b['block_m']}, {b['num_warps']}, {b['block_n']}, {b['dequantize']})"
+            lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {r1(dflt)} | {e.get('default_dequantizes')} | "
+                         f"{r1(e.get('oscar_registers_us'))} | {b['us']:.1f} | {cfg} | {r1(ex)} | {r1(sg)} | "
+                         f"{e.get('vs_sglang_default') and round(e['vs_sglang_default'], 2)} | "
+                         f"{e.get('vs_sglang') and round(e['vs_sglang'], 2)} | {ex and dflt and round(ex / dflt, 2)} |")
     lines += ["", "Seal: " + ", ".join(f"INT{b}: {s['TBps']:.2f} TB/s ({s['us_per_page']:.2f} us/page of 8 heads)" for b, s in res["seal"].items())]
     return "\n".join(lines) + "\n"
 
