@@ -15,10 +15,12 @@ from oscar_sgl.kernels import extend as kextend
 from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
 
-def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False, return_out=False):
+def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False, return_out=False,
+         host_indptr=False):
     """cases: (prefix_len, new_tokens) per request. ``tune``: fields of the launcher's default
     ``_ExtendTuning`` to override (``block_m``, ``num_warps``, ``dequantize``). Returns the relative
-    RMS error against the reference, with ``return_out`` ``(output, error)``.
+    RMS error against the reference, with ``return_out`` ``(output, error)``. ``host_indptr``: pass
+    ``kv_indptr_host`` as the server does.
 
     ``position=False`` (``--oscar-prefill exact``): the pool holds the prefix (full pages sealed, a
     partial last page in staging); the new tokens come from the step's own k/v.
@@ -62,6 +64,7 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
         prefix_lens=torch.tensor([pre for pre, _ in cases], dtype=torch.int32, device=device),
         sm_scale=sm, q_rot=q_rot, out=out, position=position, _tuning=tuning,
+        kv_indptr_host=pool.kv_indptr.tolist() if host_indptr else None,
     )  # fmt: skip
     refs = []
     for b, (pre, n) in enumerate(cases):
@@ -212,6 +215,27 @@ def test_extend_falls_back_to_registers_past_the_scratch_budget(monkeypatch):
     monkeypatch.setattr(kextend, "DEQUANTIZE_SCRATCH_BYTES", kextend.dequantize_scratch_bytes(2, 1, 32, 64))
     err = _run(cfg, h=1, group=2, d=64, p=32, cases=[(40, 30)], seed=32, position=True)  # 3 pages > 2
     assert err < ATTN_BOUND_FP32_OUT and len(launched) == 1
+
+
+def test_scratch_groups_split_a_batch_by_the_budget():
+    # pages per request 3, 2, 9, 1, 1: budget 5 -> [0, 2) fits, 2 alone does not, [3, 5) fits
+    assert kextend.scratch_groups([0, 3, 5, 14, 15, 16], 5) == [(0, 2, True), (2, 3, False), (3, 5, True)]
+    assert kextend.scratch_groups([0, 3, 5], 100) == [(0, 2, True)]
+    assert kextend.scratch_groups([0, 0, 0], 0) == [(0, 2, True)]  # no pages: nothing to dequantize
+
+
+@pytest.mark.parametrize("host", [True, False])
+def test_extend_splits_a_batch_past_the_scratch_budget(monkeypatch, host):
+    """Requests whose pages together pass the budget run as groups (a request alone past it in
+    registers): the same outputs as one launch, with or without the host copy of kv_indptr."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    cases = [(40, 30), (0, 70), (96, 5), (33, 1)]
+    whole, err = _run(cfg, h=2, group=2, d=64, p=32, cases=cases, seed=34, position=True, return_out=True)
+    monkeypatch.setattr(kextend, "DEQUANTIZE_SCRATCH_BYTES", kextend.dequantize_scratch_bytes(3, 2, 32, 64))
+    split, err_split = _run(cfg, h=2, group=2, d=64, p=32, cases=cases, seed=34, position=True, return_out=True,
+                            host_indptr=host)
+    assert err < ATTN_BOUND_FP32_OUT and err_split < ATTN_BOUND_FP32_OUT
+    assert torch.equal(whole, split) or rel_rms(split, whole) < 1e-5
 
 
 def test_extend_d256():

@@ -239,25 +239,31 @@ class _ExtendTuning:
         block_m: query rows per program, (token, head) pairs of one KV head: a power of two >= 16
             and a multiple of the GQA group rounded up to a power of two.
         num_warps: Triton warps per program.
-        block_n: tokens per prefix / new-token tile (divides the page: a multiple of 32,
-            ``oscar_sgl.supported``).
+        block_n: tokens per prefix / new-token tile: a multiple of 16 dividing the page that nests
+            with k_group (``check_sealed_tile``); None: 64 on pre-dequantized pages (head_dim <=
+            128, pages of 64+ tokens), else 32.
         dequantize: read the sealed pages as fp16 that a first launch dequantized into a scratch
             (True), or dequantize each tile in registers in the attention launch (False); None:
-            True when that scratch stays within ``DEQUANTIZE_SCRATCH_BYTES``. The same values
-            either way (``dequantized_tile``).
+            True for every group of consecutive requests whose scratch stays within
+            ``DEQUANTIZE_SCRATCH_BYTES`` (``scratch_groups``). The same values either way
+            (``dequantized_tile``).
+        num_stages: Triton's software-pipelining depth; None: Triton's default.
     """
 
     block_m: int
     num_warps: int
-    block_n: int = 32
+    block_n: int | None = None
     dequantize: bool | None = None
+    num_stages: int | None = None
 
 
-#: The largest scratch (fp16 keys + values of every page of an extend batch's page lists, all
-#: KV heads of the layer) an extend launch allocates to read its sealed pages pre-dequantized; a
-#: batch whose pages need more dequantizes in registers instead (``_ExtendTuning.dequantize``).
-#: 256 MiB holds 65536 tokens of 8 KV heads at head_dim 128.
-DEQUANTIZE_SCRATCH_BYTES = 256 << 20
+#: The largest scratch (fp16 keys + values of the pages of an extend batch's page lists, all KV
+#: heads of the layer) one extend launch allocates to read its sealed pages pre-dequantized: a
+#: larger batch runs as groups of consecutive requests that fit, and a request that alone does not
+#: fit dequantizes in registers (``_ExtendTuning.dequantize``). 512 MiB holds 131072 tokens of 8
+#: KV heads at head_dim 128: transient, one layer at a time, inside the activation headroom the
+#: server keeps beside the pool (a BF16 pool's layer of those tokens is as large).
+DEQUANTIZE_SCRATCH_BYTES = 512 << 20
 
 
 def dequantize_scratch_bytes(num_pages: int, num_kv_heads: int, page_size: int, head_dim: int) -> int:
@@ -265,9 +271,25 @@ def dequantize_scratch_bytes(num_pages: int, num_kv_heads: int, page_size: int, 
     return 2 * 2 * num_pages * num_kv_heads * page_size * head_dim
 
 
+def scratch_groups(kv_indptr: list[int], budget_pages: int) -> list[tuple[int, int, bool]]:
+    """Requests ``[0, B)`` with their page-list offsets ``kv_indptr`` (host, B + 1) split into runs
+    of consecutive requests ``(first, end, dequantize)``: runs whose pages fit ``budget_pages`` read
+    them pre-dequantized, a request that alone does not fit runs alone in registers."""
+    groups: list[tuple[int, int, bool]] = []
+    b, g0 = len(kv_indptr) - 1, 0
+    while g0 < b:
+        g1 = g0
+        while g1 < b and kv_indptr[g1 + 1] - kv_indptr[g0] <= budget_pages:
+            g1 += 1
+        groups.append((g0, g1, True) if g1 > g0 else (g0, g0 + 1, False))
+        g0 = max(g1, g0 + 1)
+    return groups
+
+
 def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _ExtendTuning:
-    """The extend configuration by launch shape: H200 sweep (benches/results/kernels.md), 128 rows
-    on 8 warps, 5-9 % over 64 rows on 4 (32 rows above head_dim 128)."""
+    """The extend configuration by launch shape: H200 sweeps (benches/results/kernels.md), 128 rows
+    on 8 warps, 5-9 % over 64 rows on 4 (32 rows above head_dim 128); 64-token tiles of
+    pre-dequantized pages (``block_n`` None), 1.3-1.5x over 32."""
     gp = triton.next_power_of_2(num_q_heads // num_kv_heads)
     return _ExtendTuning(block_m=max(gp, 128 if head_dim <= 128 else 32), num_warps=8)
 
@@ -287,6 +309,7 @@ def oscar_extend_attention(
     max_new_tokens: int | None = None,
     out: torch.Tensor | None = None,
     position: bool = True,
+    kv_indptr_host: list[int] | None = None,
     _tuning: _ExtendTuning | None = None,
 ) -> torch.Tensor:
     """Attention of a step's new tokens over their cached prefix plus themselves (causal), each
@@ -308,6 +331,9 @@ def oscar_extend_attention(
             synchronization) when None.
         out: ``[T, Hq, D]`` destination, dtype of q when allocated here.
         position: the boundary by position (True) or by the prefix's end (False), module docstring.
+        kv_indptr_host: ``kv_indptr`` as a host list, when the caller has it: read (a host
+            synchronization otherwise) only when the batch's pages pass the dequantize scratch
+            budget and the batch is split (``scratch_groups``).
         _tuning: tests and benchmarks only: an ``_ExtendTuning`` instead of ``_default_tuning``'s.
     """
     t, hq, d, h, p, _ = check_attention_inputs(q, layer, rows="T")
@@ -324,7 +350,7 @@ def oscar_extend_attention(
     gp = triton.next_power_of_2(hq // h)
     if tune.block_m % gp or tune.block_m < 16 or tune.block_m & (tune.block_m - 1):
         raise ValueError(f"block_m={tune.block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
-    check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
+    check_sealed_tile(tune.block_n or 32, page_size=p, k_group=layer.k_group)  # (the automatic 64 divides p)
     if q_rot is None:
         q_rot = oscar_rotate_q(q=q, rotation=layer.rotation)
     else:
@@ -337,32 +363,53 @@ def oscar_extend_attention(
         return out
     pool = pool_arguments(layer)
     n_pages = kv_page_indices.shape[0]
-    dequantize = tune.dequantize
-    if dequantize is None:
-        dequantize = 0 < dequantize_scratch_bytes(n_pages, h, p, d) <= DEQUANTIZE_SCRATCH_BYTES
-    if dequantize and n_pages:
-        sk = torch.empty((n_pages, h, p, d), dtype=torch.float16, device=q.device)
-        sv = torch.empty_like(sk)
-        deq_n = min(p, 32)
-        check_sealed_tile(deq_n, page_size=p, k_group=layer.k_group)
-        _dequantize_kernel[(n_pages, h, p // deq_n)](
-            pool=pool["pool"], qo_indptr_ptr=qo_indptr, kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices,
-            prefix_lens_ptr=prefix_lens, sk_ptr=sk, sv_ptr=sv, B=b,
-            **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V")}, BLOCK_N=deq_n, LOG2B=max(1, b.bit_length()),
-            POSITION=bool(position), USE_ASM=use_asm(q.device),
-        )  # fmt: skip
+    page_bytes = dequantize_scratch_bytes(1, h, p, d)
+    if tune.dequantize is False or n_pages == 0:
+        groups = [(0, b, False)]
+    elif tune.dequantize or n_pages * page_bytes <= DEQUANTIZE_SCRATCH_BYTES:
+        groups = [(0, b, True)]
     else:
-        dequantize = False
-        sk = sv = q_rot  # not read
-    _extend_kernel[(b, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
-        # the new tokens, the output, the layer's pool and the requests' pages
-        q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool,
-        qo_indptr_ptr=qo_indptr, kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, prefix_lens_ptr=prefix_lens,
-        sk_ptr=sk, sv_ptr=sv, sm_scale_log2=sm_scale * math.log2(math.e),
-        strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
-        **rotate, GROUP=hq // h, POSITION=bool(position), DEQUANTIZED=bool(dequantize),
-        # how it runs (_ExtendTuning)
-        BLOCK_M=tune.block_m, GP=gp, BLOCK_N=tune.block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
-        num_warps=tune.num_warps,
-    )
+        groups = scratch_groups(kv_indptr_host if kv_indptr_host is not None else kv_indptr.tolist(),
+                                DEQUANTIZE_SCRATCH_BYTES // page_bytes)
+    host = kv_indptr_host if len(groups) > 1 and kv_indptr_host is not None else None
+    if len(groups) > 1 and host is None:
+        host = kv_indptr.tolist()
+    scratch = None
+    deq_n = min(p, 32)  # the dequantize launch's tiles: within one key group
+    for g0, g1, dequantize in groups:
+        if len(groups) == 1:
+            kv_ind, pages, pre_g, qo_g = kv_indptr, kv_page_indices, prefix_lens, qo_indptr
+        else:  # the group's slices; qo_indptr stays absolute (rows of q / out)
+            kv_ind = kv_indptr[g0:g1 + 1] - host[g0]
+            pages = kv_page_indices[host[g0]:host[g1]]
+            pre_g, qo_g = prefix_lens[g0:g1], qo_indptr[g0:g1 + 1]
+        n_g = pages.shape[0]
+        dequantize = dequantize and n_g > 0
+        if dequantize:
+            if scratch is None:
+                most = n_pages if len(groups) == 1 else max(host[e] - host[f] for f, e, dq in groups if dq)
+                scratch = torch.empty((2, most, h, p, d), dtype=torch.float16, device=q.device)
+            sk, sv = scratch[0], scratch[1]
+            check_sealed_tile(deq_n, page_size=p, k_group=layer.k_group)
+            _dequantize_kernel[(n_g, h, p // deq_n)](
+                pool=pool["pool"], qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages,
+                prefix_lens_ptr=pre_g, sk_ptr=sk, sv_ptr=sv, B=g1 - g0,
+                **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V")}, BLOCK_N=deq_n,
+                LOG2B=max(1, (g1 - g0).bit_length()), POSITION=bool(position), USE_ASM=use_asm(q.device),
+            )  # fmt: skip
+        else:
+            sk = sv = q_rot  # not read
+        block_n = tune.block_n or (64 if dequantize and d <= 128 and p % 64 == 0 else 32)
+        extra = {} if tune.num_stages is None else {"num_stages": tune.num_stages}
+        _extend_kernel[(g1 - g0, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
+            # the new tokens, the output, the layer's pool and the requests' pages
+            q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool,
+            qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages, prefix_lens_ptr=pre_g,
+            sk_ptr=sk, sv_ptr=sv, sm_scale_log2=sm_scale * math.log2(math.e),
+            strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
+            **rotate, GROUP=hq // h, POSITION=bool(position), DEQUANTIZED=bool(dequantize),
+            # how it runs (_ExtendTuning)
+            BLOCK_M=tune.block_m, GP=gp, BLOCK_N=block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
+            num_warps=tune.num_warps, **extra,
+        )  # fmt: skip
     return out

@@ -520,10 +520,11 @@ def bench_write(batch: int) -> dict:
 
 # (batch, cached prefix, new tokens): prefix-cache hits, then fresh prompts (prefill chunks)
 EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128), (1, 0, 8192), (4, 0, 2048), (1, 8192, 8192)]
-# (block_m, num_warps, block_n, dequantize); block_m 0 = the launcher's default. The last one is the
-# default tiling reading sealed pages the other way (in registers / pre-dequantized, whichever the
-# default does not): its time is the "other path" column.
-EXTEND_VARIANTS = [(0, 0, 0, None), (128, 8, 64, True), (64, 4, 32, True), (128, 4, 64, True), (128, 8, 32, False)]
+# (block_m, num_warps, block_n, dequantize, num_stages); block_m 0 = the launcher's default, None =
+# its automatic choice. The last one is the first extend default (128 rows, 8 warps, 32-token tiles
+# dequantized in registers): its time is the "registers" column.
+EXTEND_VARIANTS = [(0, 0, None, None, None), (128, 8, 64, True, 2), (128, 8, 64, True, 4), (128, 8, 128, True, None),
+                   (64, 4, 64, True, None), (128, 8, 32, False, None)]
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
@@ -552,10 +553,10 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
                                max_new_tokens=new, out=out, **kw)  # fmt: skip
 
     res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
-    for bm, nw, bn, dq in EXTEND_VARIANTS:  # block_m 0: the launcher's default
+    for bm, nw, bn, dq, ns in EXTEND_VARIANTS:  # block_m 0: the launcher's default
         kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw,
-                                                                  block_n=bn, dequantize=dq)}
-        cfg = {"block_m": bm, "num_warps": nw, "block_n": bn, "dequantize": dq}
+                                                                  block_n=bn, dequantize=dq, num_stages=ns)}
+        cfg = {"block_m": bm, "num_warps": nw, "block_n": bn, "dequantize": dq, "num_stages": ns}
         try:
             tv = time_calls([lambda kw=kw: oscar(**kw)])
         except Exception as e:  # noqa: BLE001
@@ -566,7 +567,8 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     res["oscar"] = min(ok, key=lambda v: v["us"])
     res["oscar_default_us"] = ok[0]["us"] if ok and ok[0]["block_m"] == 0 else None
     res["oscar_registers_us"] = res["variants"][-1].get("us")  # the default tiling, dequantizing in registers
-    res["default_dequantizes"] = _ext.dequantize_scratch_bytes(st.pages[0].shape[0], H, P, D) <= _ext.DEQUANTIZE_SCRATCH_BYTES
+    res["default_dequantizes"] = _ext.dequantize_scratch_bytes(st.pages[0].shape[0] // batch, H, P, D) <= _ext.DEQUANTIZE_SCRATCH_BYTES
+    res["default_groups"] = len(_ext.scratch_groups(st.indptr[0].tolist(), _ext.DEQUANTIZE_SCRATCH_BYTES // _ext.dequantize_scratch_bytes(1, H, P, D)))
     try:  # --oscar-prefill exact, the default tuning
         res["oscar_exact"] = time_calls([lambda: oscar(position=False)])
     except Exception as e:  # noqa: BLE001
@@ -753,9 +755,10 @@ def markdown(res: dict, rows: list[dict]) -> str:
         lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
                   "prompt) with --oscar-prefill position (the default) and exact (default tuning) vs SGLang's Triton "
                   "extend kernel on BF16 KV. 'default': the launch the server runs (sealed pages pre-dequantized into "
-                  "a scratch when it fits, 'dq'); 'registers': the same tiling dequantizing in registers; 'best': of "
-                  "the sweep (block_m, warps, block_n, dq):", "",
-                  "| bits | B | prefix | new | default us | dq | registers us | best us | best config | exact us | SGLang us | x SGLang (default) | x SGLang (best) | exact / default |",
+                  "a scratch, in 'groups' launches of requests that fit its budget, 'dq': whether every request does); "
+                  "'registers': the first default (32-token tiles dequantized in registers); 'best': of the sweep "
+                  "(block_m, warps, block_n, dq, stages):", "",
+                  "| bits | B | prefix | new | default us | dq (groups) | registers us | best us | best config | exact us | SGLang us | x SGLang (default) | x SGLang (best) | exact / default |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def r1(x):
@@ -766,8 +769,9 @@ def markdown(res: dict, rows: list[dict]) -> str:
             dflt = e.get("oscar_default_us")
             ex = e.get("oscar_exact", {}).get("us")
             b = e["oscar"]
-            cfg = "default" if b["block_m"] == 0 else f"({b['block_m']}, {b['num_warps']}, {b['block_n']}, {b['dequantize']})"
-            lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {r1(dflt)} | {e.get('default_dequantizes')} | "
+            cfg = "default" if b["block_m"] == 0 else f"({b['block_m']}, {b['num_warps']}, {b['block_n']}, {b['dequantize']}, {b.get('num_stages')})"
+            lines.append(f"| {e['bits']} | {e['batch']} | {e['prefix']} | {e['new']} | {r1(dflt)} | "
+                         f"{e.get('default_dequantizes')} ({e.get('default_groups')}) | "
                          f"{r1(e.get('oscar_registers_us'))} | {b['us']:.1f} | {cfg} | {r1(ex)} | {r1(sg)} | "
                          f"{e.get('vs_sglang_default') and round(e['vs_sglang_default'], 2)} | "
                          f"{e.get('vs_sglang') and round(e['vs_sglang'], 2)} | {ex and dflt and round(ex / dflt, 2)} |")

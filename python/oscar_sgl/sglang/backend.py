@@ -279,7 +279,7 @@ class OscarAttnBackendMixin:
             qo = [0]
             for n in new:
                 qo.append(qo[-1] + n)
-            meta.update(qo_indptr=i32(qo), prefix_lens=i32(pre), max_new_tokens=max(new, default=0))
+            meta.update(qo_indptr=i32(qo), prefix_lens=i32(pre), max_new_tokens=max(new, default=0), kv_indptr_host=cum)
         return meta
 
     def _forward_kernels(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
@@ -313,7 +313,7 @@ class OscarAttnBackendMixin:
             out = K.oscar_extend_attention(
                 q=q_, k=k.reshape(-1, h, d).contiguous(), v=v.reshape(-1, h, d).contiguous(),
                 qo_indptr=meta["qo_indptr"], prefix_lens=meta["prefix_lens"],
-                max_new_tokens=meta["max_new_tokens"], position=self.position, **common,
+                max_new_tokens=meta["max_new_tokens"], kv_indptr_host=meta["kv_indptr_host"], position=self.position, **common,
             )
         return out.reshape(-1, hq * d)
 
