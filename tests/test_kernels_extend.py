@@ -217,6 +217,17 @@ def test_extend_falls_back_to_registers_past_the_scratch_budget(monkeypatch):
     assert err < ATTN_BOUND_FP32_OUT and len(launched) == 1
 
 
+def test_the_default_launch_shape_follows_the_way_pages_are_read():
+    auto = kextend._default_tuning(32, 8, 128)
+    assert kextend._launch_shape(auto, True, 4, 128, 128) == (64, 4, 64)  # pre-dequantized pages
+    assert kextend._launch_shape(auto, False, 4, 128, 128) == (128, 8, 32)  # in registers
+    assert kextend._launch_shape(auto, True, 4, 128, 32) == (64, 4, 32)  # pages of 32 tokens
+    assert kextend._launch_shape(auto, True, 2, 256, 64) == (32, 8, 32)  # head_dim 256: untuned
+    assert kextend._launch_shape(auto, True, 128, 64, 64)[0] == 128  # a GQA group larger than the rows
+    pinned = dataclasses.replace(auto, block_m=32, num_warps=2, block_n=32)
+    assert kextend._launch_shape(pinned, True, 4, 128, 128) == (32, 2, 32)
+
+
 def test_scratch_groups_split_a_batch_by_the_budget():
     # pages per request 3, 2, 9, 1, 1: budget 5 -> [0, 2) fits, 2 alone does not, [3, 5) fits
     assert kextend.scratch_groups([0, 3, 5, 14, 15, 16], 5) == [(0, 2, True), (2, 3, False), (3, 5, True)]

@@ -237,8 +237,9 @@ class _ExtendTuning:
 
     Attributes:
         block_m: query rows per program, (token, head) pairs of one KV head: a power of two >= 16
-            and a multiple of the GQA group rounded up to a power of two.
-        num_warps: Triton warps per program.
+            and a multiple of the GQA group rounded up to a power of two; None: 64 on
+            pre-dequantized pages, 128 in registers (32 above head_dim 128), at least the group.
+        num_warps: Triton warps per program; None: 4 on pre-dequantized pages, 8 in registers.
         block_n: tokens per prefix / new-token tile: a multiple of 16 dividing the page that nests
             with k_group (``check_sealed_tile``); None: 64 on pre-dequantized pages (head_dim <=
             128, pages of 64+ tokens), else 32.
@@ -250,8 +251,8 @@ class _ExtendTuning:
         num_stages: Triton's software-pipelining depth; None: Triton's default.
     """
 
-    block_m: int
-    num_warps: int
+    block_m: int | None = None
+    num_warps: int | None = None
     block_n: int | None = None
     dequantize: bool | None = None
     num_stages: int | None = None
@@ -287,11 +288,22 @@ def scratch_groups(kv_indptr: list[int], budget_pages: int) -> list[tuple[int, i
 
 
 def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _ExtendTuning:
-    """The extend configuration by launch shape: H200 sweeps (benches/results/kernels.md), 128 rows
-    on 8 warps, 5-9 % over 64 rows on 4 (32 rows above head_dim 128); 64-token tiles of
-    pre-dequantized pages (``block_n`` None), 1.3-1.5x over 32."""
-    gp = triton.next_power_of_2(num_q_heads // num_kv_heads)
-    return _ExtendTuning(block_m=max(gp, 128 if head_dim <= 128 else 32), num_warps=8)
+    """The extend configuration: every field automatic, chosen per launch by the way sealed pages
+    are read (``_launch_shape``)."""
+    return _ExtendTuning()
+
+
+def _launch_shape(tune: _ExtendTuning, dequantized: bool, gp: int, head_dim: int, page_size: int) -> tuple[int, int, int]:
+    """``(block_m, num_warps, block_n)`` of one attention launch, ``tune``'s automatic fields filled
+    from the H200 sweeps (benches/results/kernels.md, "Extend over pre-dequantized pages"): on
+    pre-dequantized pages 64 rows on 4 warps over 64-token tiles (1.08-2.58x SGLang's BF16 extend,
+    the fastest of the sweep at all 12 shapes), in registers 128 rows on 8 warps over 32-token tiles
+    (5-9 % over 64 rows on 4; 32 rows above head_dim 128)."""
+    fast = dequantized and head_dim <= 128
+    block_m = tune.block_m or max(gp, 64 if fast else 128 if head_dim <= 128 else 32)
+    num_warps = tune.num_warps or (4 if fast else 8)
+    block_n = tune.block_n or (64 if fast and page_size % 64 == 0 else 32)
+    return block_m, num_warps, block_n
 
 
 def oscar_extend_attention(
@@ -348,7 +360,7 @@ def oscar_extend_attention(
         raise ValueError(f"qo_indptr must be [B + 1] = [{b + 1}], got {tuple(qo_indptr.shape)}")
     tune = _default_tuning(hq, h, d) if _tuning is None else _tuning
     gp = triton.next_power_of_2(hq // h)
-    if tune.block_m % gp or tune.block_m < 16 or tune.block_m & (tune.block_m - 1):
+    if tune.block_m is not None and (tune.block_m % gp or tune.block_m < 16 or tune.block_m & (tune.block_m - 1)):
         raise ValueError(f"block_m={tune.block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
     check_sealed_tile(tune.block_n or 32, page_size=p, k_group=layer.k_group)  # (the automatic 64 divides p)
     if q_rot is None:
@@ -399,9 +411,9 @@ def oscar_extend_attention(
             )  # fmt: skip
         else:
             sk = sv = q_rot  # not read
-        block_n = tune.block_n or (64 if dequantize and d <= 128 and p % 64 == 0 else 32)
+        block_m, num_warps, block_n = _launch_shape(tune, dequantize, gp, d, p)
         extra = {} if tune.num_stages is None else {"num_stages": tune.num_stages}
-        _extend_kernel[(g1 - g0, h, triton.cdiv(max_new_tokens, tune.block_m // gp))](
+        _extend_kernel[(g1 - g0, h, triton.cdiv(max_new_tokens, block_m // gp))](
             # the new tokens, the output, the layer's pool and the requests' pages
             q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool,
             qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages, prefix_lens_ptr=pre_g,
@@ -409,7 +421,7 @@ def oscar_extend_attention(
             strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
             **rotate, GROUP=hq // h, POSITION=bool(position), DEQUANTIZED=bool(dequantize),
             # how it runs (_ExtendTuning)
-            BLOCK_M=tune.block_m, GP=gp, BLOCK_N=block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
-            num_warps=tune.num_warps, **extra,
+            BLOCK_M=block_m, GP=gp, BLOCK_N=block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
+            num_warps=num_warps, **extra,
         )  # fmt: skip
     return out

@@ -523,8 +523,8 @@ EXTEND_SHAPES = [(1, 32768, 1024), (4, 8192, 512), (16, 4096, 128), (1, 0, 8192)
 # (block_m, num_warps, block_n, dequantize, num_stages); block_m 0 = the launcher's default, None =
 # its automatic choice. The last one is the first extend default (128 rows, 8 warps, 32-token tiles
 # dequantized in registers): its time is the "registers" column.
-EXTEND_VARIANTS = [(0, 0, None, None, None), (128, 8, 64, True, 2), (128, 8, 64, True, 4), (128, 8, 128, True, None),
-                   (64, 4, 64, True, None), (128, 8, 32, False, None)]
+EXTEND_VARIANTS = [(0, 0, None, None, None), (128, 8, 64, True, None), (64, 4, 64, True, 2), (64, 4, 128, True, None),
+                   (32, 4, 64, True, None), (128, 8, 32, False, None)]
 
 
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
