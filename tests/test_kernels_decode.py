@@ -27,15 +27,15 @@ def _lens(p: int) -> list[int]:
 
 def _decode(pool, q, *, out=None, tune=None, **kw):
     """One decode launch over ``pool``; ``tune``: fields of the launcher's default ``_DecodeTuning``
-    to override (``num_splits``, ``block_n``, ``transposed``, ...)."""
+    to override (``num_splits``, ``block_n``, ``transposed``, ...); ``kw`` may replace ``layer``."""
     tuning = None
     if tune:
         b, hq, d = q.shape
         h, p = pool.layer.staging_k.shape[1], pool.layer.staging_k.shape[2]
         tuning = dataclasses.replace(kdecode._default_tuning(b, h, d, p), **tune)
     return oscar_decode_attention(
-        q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
-        seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(q.shape[-1]), out=out, _tuning=tuning, **kw,
+        q=q, kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
+        seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(q.shape[-1]), out=out, _tuning=tuning, **{**pool.pool_kwargs(), **kw},
     )  # fmt: skip
 
 
@@ -207,6 +207,66 @@ def test_decode_fused_write_equals_the_write_launch(method, scope, nan_empty):
     assert rel_rms(outs[1][:2], outs[0][:2]) < 1e-6
 
 
+@pytest.mark.parametrize("bits,group,flags", [(2, 4, (True, False)), (4, 3, (False, True)), (2, 1, (False, False))])
+def test_decode_with_a_per_head_key_rotation_plan(bits, group, flags, nan_empty):
+    """A layer whose key-rotation plan (`reference.key_rotation_plan`) rotates some heads' keys
+    and not others, or none (a layer stored as KIVI: no token scale, values unrotated): the fused
+    launch (write, query rotation, attention, merge) and the write launch + decode both give the
+    reference, and stage the same bytes."""
+    cfg = OscarConfig(bits=bits, page_size=32)
+    p, h, d = 32, 2, 64
+    lens = [40, 96, 30]  # the new token lands on each request's open last page
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], seed=40 + bits, key_rotated=flags) for _ in range(2)]
+    assert (pools[0].layer.key_rotated is None) == (not any(flags) or all(flags))
+    assert (pools[0].layer.scale is None) == (not any(flags))
+    gen = torch.Generator().manual_seed(41)
+    k_new = torch.randn(3, h, d, generator=gen).bfloat16()
+    v_new = torch.randn(3, h, d, generator=gen).bfloat16()
+    q = torch.randn(3, h * group, d, generator=gen).bfloat16()
+    outs = []
+    for fused, pool in zip((False, True), pools):
+        pool.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(3)]
+        loc = torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last, lens)], device=DEVICE)
+        out = torch.full(q.shape, float("nan"), device=DEVICE)
+        kw = dict(new_k=k_new.to(DEVICE), new_v=v_new.to(DEVICE), new_loc=loc, staging_scale=pool.staging_scale)
+        if fused:
+            _decode(pool, q.to(DEVICE), out=out, **kw, tune=dict(num_splits=2, fused_merge=True))
+        else:
+            q_rot = oscar_write_kv(k=kw["new_k"], v=kw["new_v"], loc=loc, page_to_staging=pool.layer.page_to_staging,
+                                   staging_k=pool.layer.staging_k, staging_v=pool.layer.staging_v,
+                                   staging_scale=pool.staging_scale, q=q.to(DEVICE), rotation=pool.layer.rotation,
+                                   key_rotated=pool.layer.key_rotated)
+            _decode(pool, q.to(DEVICE), out=out, q_rot=q_rot, tune=dict(num_splits=2, fused_merge=False))
+        outs.append(out)
+    a, b = pools
+    assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
+    assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))
+    assert rel_rms(outs[1], outs[0]) < 1e-6
+    # the reference takes its tail in the model basis: the staged BF16 values, rotated back
+    for i in range(3):
+        k_st = R.rotate_keys(k_new[i][:, None].float(), cfg, flags).bfloat16().float()
+        v_st = (R.hadamard(v_new[i][:, None].float()) if any(flags) else v_new[i][:, None].float()).bfloat16().float()
+        a.k_tail[i] = torch.cat([a.k_tail[i], R.rotate_keys(k_st, cfg, flags)], dim=1)
+        a.v_tail[i] = torch.cat([a.v_tail[i], R.hadamard(v_st) if any(flags) else v_st], dim=1)
+    err = rel_rms(outs[1], reference_decode(a, q, 1.0 / 8))
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+    # the plan matters: the same pool read as if every head's keys were rotated is another answer
+    if any(flags) and not all(flags):
+        wrong = _decode(a, q.to(DEVICE), out=torch.empty(q.shape, device=DEVICE),
+                        layer=dataclasses.replace(a.layer, key_rotated=None), tune=dict(num_splits=2))
+        assert rel_rms(wrong, outs[1]) > 0.05
+
+
+def test_decode_refuses_bad_key_rotation_flags(nan_empty):
+    cfg = OscarConfig(bits=2, page_size=32)
+    pool = build_pool(cfg, h=2, d=64, p=32, lens=[40], seed=42)
+    q = torch.randn(1, 4, 64).bfloat16().to(DEVICE)
+    for bad in (torch.ones(3, dtype=torch.int32), torch.ones(2, dtype=torch.bool)):
+        with pytest.raises(ValueError, match="key_rotated must be"):
+            _decode(pool, q, layer=dataclasses.replace(pool.layer, key_rotated=bad.to(DEVICE)))
+
+
 def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(nan_empty):
     """Replays reuse the workspace: the in-kernel merge must leave every counter at zero, and it
     must give the separate merge launch's result."""
@@ -284,6 +344,22 @@ def test_decode_gpu_real_sizes(bits, block_n, num_warps, transposed, nan_empty):
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
     out16 = _decode(pool, q, tune=tune)
     assert rel_rms(out16, ref) < ATTN_BOUND_BF16_OUT
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+def test_decode_gpu_per_head_key_rotation_plan(bits, nan_empty):
+    """Real sizes (8 KV heads x 128, GQA 4, 128-token pages), the default launch (query rotation
+    fused): a plan rotating five of the eight heads' keys gives the reference."""
+    flags = (True, False, True, True, False, True, True, False)
+    cfg = OscarConfig(bits=bits, page_size=128)
+    lens = [1, 127, 128, 129, 3000, 9000, 257, 64]
+    pool = build_pool(cfg, h=8, d=128, p=128, lens=lens, last_sealed={2}, seed=60 + bits, key_rotated=flags)
+    q = torch.randn(len(lens), 32, 128).bfloat16().to(DEVICE)
+    out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE))
+    err = rel_rms(out, reference_decode(pool, q, 1.0 / math.sqrt(128)))
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
 @gpu

@@ -182,12 +182,13 @@ def test_default_tuning_never_picks_gluon():
         assert not kdecode._default_tuning(b, 8, 128, 128).gluon
 
 
-def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=4, seed=41):
+def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=4, seed=41, key_rotated=None):
     """One decode step with the new token's write (new_k/new_v/new_loc) on a fresh pool; the last
     request is padding (its token goes to page 0, mapped to -1; it attends to its cached tokens
-    only). Returns (pool, output)."""
+    only). ``key_rotated``: the layer's key-rotation flags (``build_pool``). Returns (pool, output)."""
     d, p = 128, cfg.page_size
-    pool = build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], device=torch.device("cuda"), seed=seed)
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], device=torch.device("cuda"), seed=seed,
+                      key_rotated=key_rotated)
     pool.seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(seed + 1)
     k_new = torch.randn(len(lens), h, d, generator=gen).bfloat16().cuda()
@@ -206,14 +207,16 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 
 @gpu
 @needs_gluon
-@pytest.mark.parametrize("bits,scope", [(2, "layer"), (4, "head")])
-def test_gluon_step_with_the_write_equals_the_fused_triton_step(bits, scope, nan_empty):
+@pytest.mark.parametrize("bits,scope,flags", [(2, "layer", None), (4, "head", None),
+                                              (2, "layer", (True, False, True, True, False, True, True, False))])
+def test_gluon_step_with_the_write_equals_the_fused_triton_step(bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge: it stages exactly the keys and values (token scales within an ulp) the Triton stage
-    1's fused write stages, skips the padding request, and its attention agrees with the Triton step's."""
+    1's fused write stages, skips the padding request, and its attention agrees with the Triton step's;
+    also with a per-head key-rotation plan (``flags``)."""
     cfg = OscarConfig(bits=bits, page_size=128, norm_scope=scope)
-    a, out_g = _step_with_write(cfg, gluon=True)
-    b, out_t = _step_with_write(cfg, gluon=False)
+    a, out_g = _step_with_write(cfg, gluon=True, key_rotated=flags)
+    b, out_t = _step_with_write(cfg, gluon=False, key_rotated=flags)
     assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
     assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))
     # s_t: the two launches reduce the squares in different orders (warps), as in

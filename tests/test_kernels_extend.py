@@ -16,11 +16,12 @@ from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
 
 def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False, return_out=False,
-         host_indptr=False):
+         host_indptr=False, key_rotated=None):
     """cases: (prefix_len, new_tokens) per request. ``tune``: fields of the launcher's default
     ``_ExtendTuning`` to override (``block_m``, ``num_warps``, ``dequantize``). Returns the relative
     RMS error against the reference, with ``return_out`` ``(output, error)``. ``host_indptr``: pass
-    ``kv_indptr_host`` as the server does.
+    ``kv_indptr_host`` as the server does. ``key_rotated``: the layer's key-rotation flags
+    (``build_pool``).
 
     ``position=False`` (``--oscar-prefill exact``): the pool holds the prefix (full pages sealed, a
     partial last page in staging); the new tokens come from the step's own k/v.
@@ -32,11 +33,11 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
     if position:
         lens = [pre + n for pre, n in cases]
         also = {b: pre // p for b, (pre, n) in enumerate(cases) if pre % p and pre // p < (pre + n - 1) // p}
-        pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, device=device, seed=seed, stage_also=also)
+        pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, device=device, seed=seed, stage_also=also, key_rotated=key_rotated)
     else:
         sealed_last = {b for b, (pre, _) in enumerate(cases) if pre and pre % p == 0}
         pool = build_pool(cfg, h=h, d=d, p=p, lens=[max(pre, 1) for pre, _ in cases], last_sealed=sealed_last,
-                          device=device, seed=seed)
+                          device=device, seed=seed, key_rotated=key_rotated)
     qs, ks, vs, qo = [], [], [], [0]
     for b, (pre, n) in enumerate(cases):
         qs.append(torch.randn(n, h * group, d, generator=gen).bfloat16())
@@ -55,7 +56,8 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         # the write launch of the step also rotates the queries (staging writes go to page 0, sealed)
         q_rot = oscar_write_kv(
             k=k, v=v, loc=torch.zeros(k.shape[0], dtype=torch.int64, device=device), page_to_staging=pool.layer.page_to_staging,
-            staging_k=pool.layer.staging_k, staging_v=pool.layer.staging_v, staging_scale=pool.staging_scale, rotation=cfg.rotation, q=q,
+            staging_k=pool.layer.staging_k, staging_v=pool.layer.staging_v, staging_scale=pool.staging_scale,
+            rotation=pool.layer.rotation, q=q, key_rotated=pool.layer.key_rotated,
         )  # fmt: skip
     sm = 1.0 / math.sqrt(d)
     tuning = dataclasses.replace(kextend._default_tuning(h * group, h, d), **tune) if tune else None
@@ -80,7 +82,7 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         k_exact = torch.cat((k_open, ks[b].float().transpose(0, 1)), dim=1)
         v_exact = torch.cat((v_open, vs[b].float().transpose(0, 1)), dim=1)
         refs.append(R.extend_attention(qs[b].float(), kbs, vbs, k_exact, v_exact, cfg, sm,
-                                       exact_from=pre // p * p, sealed_until=until))
+                                       exact_from=pre // p * p, sealed_until=until, key_rotated=key_rotated))
     err = rel_rms(out, torch.cat(refs))
     return (out, err) if return_out else err
 
@@ -96,6 +98,20 @@ def test_extend_by_position_matches_reference(bits, d, group, p):
     cases = [(0, 2 * p + 5), (p, p + 3), (p + 13, 2 * p + 1), (p + 3, 7), (2 * p, 1), (5, 2 * p - 5)]
     err = _run(cfg, h=2, group=group, d=d, p=p, cases=cases, seed=bits + d + group + 1, position=True)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+@pytest.mark.parametrize("position", [True, False])
+@pytest.mark.parametrize("flags,dequantize", [((True, False), True), ((False, True), False), ((False, False), True)])
+def test_extend_with_a_per_head_key_rotation_plan(flags, dequantize, position):
+    """A layer whose plan rotates some heads' keys, or none (stored as KIVI): both read paths
+    (pre-dequantized pages, in registers), both boundaries, the queries rotated by the launcher or
+    by the step's write launch."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    cases = [(0, 70), (32, 35), (45, 20), (5, 1)]
+    for use_write_q in (False, True):
+        err = _run(cfg, h=2, group=3, d=64, p=32, cases=cases, seed=50 + sum(flags), position=position,
+                   tune=dict(dequantize=dequantize), key_rotated=flags, use_write_q=use_write_q and not position)
+        assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e} (write launch rotates q: {use_write_q})"
 
 
 def test_extend_by_position_row_boundaries_inside_one_program():
@@ -281,3 +297,16 @@ def test_extend_gpu_dequantized_pages_close_to_registers(position):
     outs = [_run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=33, position=position,
                  tune=dict(dequantize=dq), return_out=True)[0] for dq in (True, False)]
     assert rel_rms(outs[0], outs[1]) < 2e-3
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dequantize", [None, False])
+@pytest.mark.parametrize("position", [True, False])
+def test_extend_gpu_per_head_key_rotation_plan(dequantize, position):
+    """Real sizes, a plan rotating five of the eight heads' keys: both read paths give the reference."""
+    cfg = OscarConfig(bits=2, page_size=128)
+    cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
+    err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=14, position=position,
+               tune=dict(dequantize=dequantize), key_rotated=(True, False, True, True, False, True, True, False))
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"

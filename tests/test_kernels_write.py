@@ -11,7 +11,9 @@ from oscar_sgl.config import OscarConfig
 from oscar_sgl.kernels import oscar_rotate_q, oscar_write_kv
 
 
-def _check_write(cfg: OscarConfig, *, h: int, hq: int, d: int, p: int, t: int, device=DEVICE, seed=0):
+def _check_write(cfg: OscarConfig, *, h: int, hq: int, d: int, p: int, t: int, device=DEVICE, seed=0, key_rotated=None):
+    """``key_rotated``: per-KV-head key-rotation flags (`reference.key_rotation_plan`), given to the
+    launch as `PagedLayer.key_rotated` is."""
     gen = torch.Generator().manual_seed(seed)
     npages, ns = 9, 4
     k = (torch.randn(t, h, d, generator=gen) * (torch.rand(t, 1, 1, generator=gen) * 3 + 0.1)).bfloat16()
@@ -34,10 +36,11 @@ def _check_write(cfg: OscarConfig, *, h: int, hq: int, d: int, p: int, t: int, d
     q_rot = oscar_write_kv(
         k=k.to(device), v=v.to(device), loc=loc.to(device), page_to_staging=p2s.to(device),
         staging_k=d_stg[0], staging_v=d_stg[1], staging_scale=d_stg[2], rotation=cfg.rotation, q=q.to(device),
+        key_rotated=None if key_rotated is None else torch.tensor(key_rotated, dtype=torch.int32, device=device),
     )  # fmt: skip
     got_k, got_v = d_stg[0].cpu(), d_stg[1].cpu()
     got_s = d_stg[2].cpu() if s_cols else None
-    k_rot = R.rotate(k.float(), cfg)  # [T, H, D] fp32
+    k_rot = R.rotate_keys(k.float(), cfg, key_rotated, head_axis=1)  # [T, H, D] fp32
     v_rot = R.rotate(v.float(), cfg)
     s_ref = R.token_scales(k_rot.transpose(0, 1), cfg.norm_scope) if s_cols else None  # [T, S]
     written = torch.zeros(ns, p, dtype=torch.bool)
@@ -59,7 +62,8 @@ def _check_write(cfg: OscarConfig, *, h: int, hq: int, d: int, p: int, t: int, d
         assert torch.isnan(got_s[~written]).all()
         page0, off0 = divmod(slots[0], p)
         assert (got_s[int(p2s[page0]), off0] == 1.0).all(), "a zero key must store s = 1"
-    assert torch.equal(q_rot.cpu(), R.rotate(q.float(), cfg)), "rotated queries differ from the reference"
+    q_want = R.rotate_keys(q.float().reshape(t, h, hq // h, d), cfg, key_rotated, head_axis=1).reshape(t, hq, d)
+    assert torch.equal(q_rot.cpu(), q_want), "rotated queries differ from the reference"
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -74,6 +78,27 @@ def test_write_stages_rotated_kv_and_scales(d, h, hq):
 def test_write_ablations(method, scope):
     cfg = OscarConfig.for_method(method, page_size=64, norm_scope=scope)
     _check_write(cfg, h=2, hq=4, d=64, p=64, t=9, seed=5)
+
+
+@pytest.mark.parametrize("scope", ["layer", "head"])
+@pytest.mark.parametrize("h,hq,flags", [(3, 12, (True, False, True)), (2, 2, (False, True)), (4, 8, (False, False, False, True))])
+def test_write_with_a_per_head_key_rotation_plan(scope, h, hq, flags):
+    """Only the flagged heads' keys (and the queries of their query heads) are rotated; values
+    are rotated in every head; s_t is the norm of the keys as stored (the reference's)."""
+    _check_write(OscarConfig(page_size=32, norm_scope=scope), h=h, hq=hq, d=64, p=32, t=9, seed=h + hq, key_rotated=flags)
+
+
+def test_rotate_q_with_a_per_head_plan_and_bad_flags():
+    q = torch.randn(3, 6, 64).bfloat16()
+    flags = (True, False, False)
+    out = oscar_rotate_q(q=q.to(DEVICE), key_rotated=torch.tensor(flags, dtype=torch.int32, device=DEVICE)).cpu()
+    want = R.rotate_keys(q.float().reshape(3, 3, 2, 64), OscarConfig(), flags, head_axis=1).reshape(3, 6, 64)
+    assert torch.equal(out, want)
+    assert torch.equal(out[:, :2], R.hadamard(q[:, :2])) and torch.equal(out[:, 2:], q[:, 2:].float())
+    with pytest.raises(ValueError, match="int32"):
+        oscar_rotate_q(q=q.to(DEVICE), key_rotated=torch.ones(3, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="multiple"):
+        oscar_rotate_q(q=q.to(DEVICE), key_rotated=torch.ones(4, dtype=torch.int32, device=DEVICE))
 
 
 def test_rotate_q_is_the_reference_rotation():
@@ -98,3 +123,5 @@ def test_write_rejects_non_int32_map():
 def test_write_gpu_real_size():
     _check_write(OscarConfig(page_size=128), h=8, hq=32, d=128, p=128, t=64, device=torch.device("cuda"), seed=1)
     _check_write(OscarConfig(page_size=128), h=8, hq=32, d=256, p=128, t=7, device=torch.device("cuda"), seed=2)
+    flags = (True, False, True, True, False, False, True, False)
+    _check_write(OscarConfig(page_size=128), h=8, hq=32, d=128, p=128, t=33, device=torch.device("cuda"), seed=3, key_rotated=flags)

@@ -139,6 +139,10 @@ class PagedLayer:
         staging_k, staging_v: ``[num_staging, H, P, D]`` bf16, rotated K/V of open pages.
         page_to_staging: ``[num_pages]`` int32, staging slot of an open page, -1 when sealed.
         bits, k_group, v_group, rotation: the layer's `OscarConfig` values (``oscar_sgl.supported``).
+        key_rotated: ``[H]`` int32 on the pool's device, nonzero where that KV head's keys (and the
+            queries that read them) are rotated, when the layer's key-rotation plan rotates some
+            heads' keys and not others (`reference.key_rotation_plan`); None: every head's keys
+            follow ``rotation``. Values follow ``rotation`` in every head.
     """
 
     k_codes: torch.Tensor
@@ -153,6 +157,7 @@ class PagedLayer:
     k_group: int
     v_group: int
     rotation: bool = True
+    key_rotated: torch.Tensor | None = None
 
 
 def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> tuple[int, int, int, int, int, int]:
@@ -211,6 +216,21 @@ def rotation_arguments(head_dim: int, rotation: bool) -> dict[str, object]:
     """The compile-time arguments of ``fwht_rows`` / ``load_rotated`` by parameter name: whether to
     rotate, log2 of the head dimension (a power of two, else ValueError) and the normalization."""
     return {"ROTATE": rotation, "LOG2D": log2_exact(head_dim, "head_dim"), "INV_SQRT_D": 1.0 / math.sqrt(head_dim)}
+
+
+def key_mask_arguments(key_rotated: torch.Tensor | None, *, rotation: bool, num_kv_heads: int,
+                       device: torch.device, placeholder: torch.Tensor) -> dict[str, object]:
+    """The per-head key-rotation arguments of the kernels that rotate keys or queries (write,
+    decode): ``krot_ptr`` (the ``[H]`` int32 flags, or ``placeholder``, not read) and ``KEY_MASK``
+    (compile time: False when every head's keys follow ``rotation``, the common case, which then
+    compiles exactly as without a plan). ``key_rotated`` as `PagedLayer.key_rotated`."""
+    if key_rotated is None or not rotation:
+        return {"krot_ptr": placeholder, "KEY_MASK": False}
+    if key_rotated.shape != (num_kv_heads,) or key_rotated.dtype != torch.int32:
+        raise ValueError(f"key_rotated must be [H={num_kv_heads}] int32, got {tuple(key_rotated.shape)} {key_rotated.dtype}")
+    if key_rotated.device != torch.device(device):
+        raise ValueError(f"key_rotated is on {key_rotated.device}, the launch on {device}")
+    return {"krot_ptr": key_rotated, "KEY_MASK": True}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,22 +374,34 @@ def pack_codes(q, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def key_rows_rotated(krot_ptr, o_kv, m_kv):
+    """The per-row key-rotation flags (bool ``[ROWS]``) of rows that belong to KV heads ``o_kv``."""
+    return tl.load(krot_ptr + o_kv, mask=m_kv, other=1) != 0
+
+
+@triton.jit
 def load_rotated(ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
-                 ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr):
-    """Rows ``o_h`` (heads) of token ``i_t`` as fp32 ``[ROWS, D]``, Walsh-Hadamard rotated when ROTATE."""
+                 ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr, MASKED: tl.constexpr, rows_rotated):
+    """Rows ``o_h`` (heads) of token ``i_t`` as fp32 ``[ROWS, D]``, Walsh-Hadamard rotated when
+    ROTATE; with MASKED only the rows whose ``rows_rotated`` flag is set (``key_rows_rotated``; not
+    read otherwise)."""
     x = tl.load(ptr + i_t * stride_t + o_h[:, None] * stride_h + tl.arange(0, D)[None, :], mask=m_h[:, None], other=0.0)
     x = x.to(tl.float32)
     if ROTATE:
-        x = fwht_rows(x, ROWS, D, LOG2D) * INV_SQRT_D
+        x_rot = fwht_rows(x, ROWS, D, LOG2D) * INV_SQRT_D
+        if MASKED:
+            x = tl.where(rows_rotated[:, None], x_rot, x)
+        else:
+            x = x_rot
     return x
 
 
 @triton.jit
 def store_rotated_rows(src_ptr, dst_ptr, i_t, stride_t, stride_h, o_h, m_h, HQ: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
-                       LOG2D: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr):
+                       LOG2D: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr, MASKED: tl.constexpr, rows_rotated):
     """Rows ``o_h`` (query heads) of token ``i_t`` rotated (``load_rotated``) into the contiguous
     fp32 ``[T, HQ, D]`` at ``dst_ptr``."""
-    b_x = load_rotated(src_ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS, D, LOG2D, ROTATE, INV_SQRT_D)
+    b_x = load_rotated(src_ptr, i_t, stride_t, stride_h, o_h, m_h, ROWS, D, LOG2D, ROTATE, INV_SQRT_D, MASKED, rows_rotated)
     tl.store(dst_ptr + (i_t * HQ + o_h[:, None]) * D + tl.arange(0, D)[None, :], b_x, mask=m_h[:, None])
 
 
@@ -390,11 +422,12 @@ def write_token(
     k_ptr, v_ptr, loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, i_t, i_h,
     stride_kt, stride_kh, stride_vt, stride_vh,
     H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, P: tl.constexpr,
-    S: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    S: tl.constexpr, ROTATE: tl.constexpr, INV_SQRT_D: tl.constexpr, krot_ptr, KEY_MASK: tl.constexpr,
 ):
     """The write path of KV head ``i_h`` of token ``i_t`` (the decode kernel's fused write): the
     same values as ``oscar_write_kv``'s launch for that head. With the layer norm scope (``S == 1``) the
-    program of head 0 also computes and stores s_t (over every head's rotated key)."""
+    program of head 0 also computes and stores s_t (over every head's key as stored: rotated, or
+    not where KEY_MASK's flags say so)."""
     o_d = tl.arange(0, D)
     loc = tl.load(loc_ptr + i_t).to(tl.int64)
     page = loc // P
@@ -403,8 +436,12 @@ def write_token(
     if stg >= 0:  # padding slots (page 0, CUDA-graph batches) are never written
         o_1 = i_h + tl.arange(0, 1)
         m_1 = o_1 >= 0
-        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
-        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D)
+        if KEY_MASK:
+            r_1 = key_rows_rotated(krot_ptr, o_1, m_1)
+        else:
+            r_1 = m_1
+        b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, r_1)
+        b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_1, m_1, 1, D, LOG2D, ROTATE, INV_SQRT_D, False, m_1)
         o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
         tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k))
         tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v))
@@ -413,7 +450,12 @@ def write_token(
             if i_h == 0:  # the layer norm needs every head's rotated key
                 o_h = tl.arange(0, BLOCK_H)
                 m_h = o_h < H
-                b_ka = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+                if KEY_MASK:
+                    r_h = key_rows_rotated(krot_ptr, o_h, m_h)
+                else:
+                    r_h = m_h
+                b_ka = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D,
+                                    KEY_MASK, r_h)
                 store_token_scales(b_ka, p_scale, o_h, m_h, S)
         else:
             store_token_scales(b_k, p_scale, o_1, m_1, S)

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from . import gluon_decode
 from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
-                     interpreting, named_pool_arguments, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
+                     interpreting, key_mask_arguments, key_rows_rotated, named_pool_arguments, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
                      use_asm, write_token)
 from .write import oscar_rotate_q, oscar_write_kv
 
@@ -85,11 +85,11 @@ def load_queries(qrot_ptr, o_q, m_r, o_c, TRANS: tl.constexpr):
 @triton.jit
 def _decode_stage1_kernel(
     qrot_ptr, pool, kv_indptr_ptr, page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
-    q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, counter_ptr, out_ptr,
+    q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, counter_ptr, out_ptr, krot_ptr,
     strides,  # (q, new_k, new_v, out) x (request, head)
     sm_scale_log2,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr, KEY_MASK: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
@@ -117,15 +117,20 @@ def _decode_stage1_kernel(
     if ROT_Q:
         # The query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV head
         # h (identical values, so the concurrent stores of the splits agree) and re-reads them below
-        # in the order the sealed tiles want.
-        store_rotated_rows(q_ptr, qrot_ptr, i_b, stride_qb, stride_qh, i_h * GROUP + o_g, m_g, HQ, BLOCK_G, D, LOG2D, ROTATE, INV_SQRT_D)
+        # in the order the sealed tiles want. KEY_MASK: rotated only if head h's keys are.
+        if KEY_MASK:
+            r_g = key_rows_rotated(krot_ptr, i_h + o_g * 0, m_g)
+        else:
+            r_g = m_g
+        store_rotated_rows(q_ptr, qrot_ptr, i_b, stride_qb, stride_qh, i_h * GROUP + o_g, m_g, HQ, BLOCK_G, D, LOG2D, ROTATE, INV_SQRT_D,
+                           KEY_MASK, r_g)
     if WRITE:
         if i_s == n_split:
             # The write path, fused into the program that reads the open page: rotate the new
             # token's K/V of head h, store them BF16 into its staging slot, and its s_t.
             write_token(new_k_ptr, new_v_ptr, new_loc_ptr, pool[7], pool[5], pool[6], stg_scale_ptr,
                         i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh,
-                        H, BLOCK_HK, D, LOG2D, P, S, ROTATE, INV_SQRT_D)  # fmt: skip
+                        H, BLOCK_HK, D, LOG2D, P, S, ROTATE, INV_SQRT_D, krot_ptr, KEY_MASK)  # fmt: skip
     if ROT_Q or WRITE:
         tl.debug_barrier()  # this program's stores above are read back below
 
@@ -410,8 +415,9 @@ def oscar_decode_attention(
         kv_page_indices: int32 page ids, oldest first.
         seq_lens: ``[B]`` int32 tokens per request (>= 1), the current token included.
         sm_scale: the softmax scale.
-        q_rot: ``[B, Hq, D]`` fp32 rotated queries when an earlier launch produced them; None: the
-            rotation is fused into this launch.
+        q_rot: ``[B, Hq, D]`` fp32 rotated queries when an earlier launch produced them (rotated
+            as ``layer.key_rotated`` says: ``oscar_rotate_q(..., key_rotated=layer.key_rotated)``);
+            None: the rotation is fused into this launch.
         new_k, new_v: ``[B, H, D]`` post-RoPE K/V of the step's token of each request (un-rotated),
             written by this launch into slot ``new_loc[b]`` (``page * P + offset``, int32/int64) of
             the staging page ``page_to_staging`` maps it to (skipped when that is -1: padding);
@@ -474,10 +480,10 @@ def oscar_decode_attention(
             rotated = oscar_write_kv(k=new_k, v=new_v, loc=new_loc, page_to_staging=layer.page_to_staging,
                                      staging_k=layer.staging_k, staging_v=layer.staging_v, staging_scale=staging_scale,
                                      rotation=layer.rotation, q=q if q_rot is None else None,
-                                     q_rot_out=q_scratch if q_rot is None else None)  # fmt: skip
+                                     q_rot_out=q_scratch if q_rot is None else None, key_rotated=layer.key_rotated)  # fmt: skip
             q_rot = rotated if q_rot is None else q_rot
         elif q_rot is None:
-            q_rot = oscar_rotate_q(q=q, rotation=layer.rotation, out=q_scratch)
+            q_rot = oscar_rotate_q(q=q, rotation=layer.rotation, out=q_scratch, key_rotated=layer.key_rotated)
         gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=named_pool_arguments(layer), group=group, kv_indptr=kv_indptr,
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
                                          part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
@@ -496,6 +502,7 @@ def oscar_decode_attention(
         part_o_ptr=part_o, part_lse_ptr=part_lse, q_ptr=q, new_k_ptr=new_k if write else q, new_v_ptr=new_v if write else q,
         new_loc_ptr=new_loc if write else seq_lens, stg_scale_ptr=staging_scale if staging_scale is not None else part_lse,
         counter_ptr=counters, out_ptr=out,
+        **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device, placeholder=seq_lens),
         strides=(q.stride(0), q.stride(1), *new_strides, out.stride(0), out.stride(1)),
         sm_scale_log2=sm_scale * math.log2(math.e), **rotate, GROUP=group,
         # how it runs (_DecodeTuning) and which fused parts it takes

@@ -364,7 +364,7 @@ def oscar_extend_attention(
         raise ValueError(f"block_m={tune.block_m} must be a power of two >= 16 and a multiple of {gp} (GQA group)")
     check_sealed_tile(tune.block_n or 32, page_size=p, k_group=layer.k_group)  # (the automatic 64 divides p)
     if q_rot is None:
-        q_rot = oscar_rotate_q(q=q, rotation=layer.rotation)
+        q_rot = oscar_rotate_q(q=q, rotation=layer.rotation, key_rotated=layer.key_rotated)
     else:
         check_fp32_buffer("q_rot", q_rot, (t, hq, d))
     if out is None:

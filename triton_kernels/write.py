@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_fp32_buffer, check_int32, check_staging, load_rotated, rotation_arguments, store_rotated_rows, store_token_scales, to_bf16_rne
+from .common import (check_fp32_buffer, check_int32, check_staging, key_mask_arguments, key_rows_rotated, load_rotated, rotation_arguments,
+                     store_rotated_rows, store_token_scales, to_bf16_rne)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -28,6 +29,7 @@ def _write_kv_kernel(
     stg_scale_ptr,
     q_ptr,
     q_out_ptr,
+    krot_ptr,
     num_tokens,
     stride_kt,
     stride_kh,
@@ -45,10 +47,14 @@ def _write_kv_kernel(
     S: tl.constexpr,
     ROTATE: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
+    KEY_MASK: tl.constexpr,
+    QG: tl.constexpr,
     HAS_KV: tl.constexpr,
     HAS_Q: tl.constexpr,
 ):
     # One program per token: its K/V into staging (HAS_KV), its queries rotated (HAS_Q), or both.
+    # KEY_MASK: only the KV heads flagged in krot_ptr have their keys rotated, and the queries of
+    # their QG query heads; values follow ROTATE in every head.
     i_t = tl.program_id(0).to(tl.int64)
     if HAS_KV:
         o_h = tl.arange(0, BLOCK_H)
@@ -60,15 +66,25 @@ def _write_kv_kernel(
         stg = tl.load(p2s_ptr + page).to(tl.int64)
         # A token of a sealed page (or the padding slot of a CUDA-graph batch) is never written.
         if stg >= 0:
-            b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
-            b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D)
+            if KEY_MASK:
+                r_h = key_rows_rotated(krot_ptr, o_h, m_h)
+            else:
+                r_h = m_h
+            b_k = load_rotated(k_ptr, i_t, stride_kt, stride_kh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, r_h)
+            b_v = load_rotated(v_ptr, i_t, stride_vt, stride_vh, o_h, m_h, BLOCK_H, D, LOG2D, ROTATE, INV_SQRT_D, False, m_h)
             o_stg = ((stg * H + o_h[:, None]) * P + slot) * D + o_d[None, :]
             tl.store(stg_k_ptr + o_stg, to_bf16_rne(b_k), mask=m_h[:, None])
             tl.store(stg_v_ptr + o_stg, to_bf16_rne(b_v), mask=m_h[:, None])
             store_token_scales(b_k, stg_scale_ptr + (stg * P + slot) * S, o_h, m_h, S)
     if HAS_Q:
         o_hq = tl.arange(0, BLOCK_HQ)
-        store_rotated_rows(q_ptr, q_out_ptr, i_t, stride_qt, stride_qh, o_hq, o_hq < HQ, HQ, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D)
+        m_hq = o_hq < HQ
+        if KEY_MASK:
+            r_hq = key_rows_rotated(krot_ptr, o_hq // QG, m_hq)
+        else:
+            r_hq = m_hq
+        store_rotated_rows(q_ptr, q_out_ptr, i_t, stride_qt, stride_qh, o_hq, m_hq, HQ, BLOCK_HQ, D, LOG2D, ROTATE, INV_SQRT_D,
+                           KEY_MASK, r_hq)
 
 
 # The K/V arguments of a launch that only rotates queries (not read without HAS_KV).
@@ -77,11 +93,14 @@ _KV_SIZES = ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "S")
 
 
 def _launch(t: int, d: int, rotate: dict[str, object], q: torch.Tensor | None, q_out: torch.Tensor | None,
-            kv: dict[str, object] | None) -> None:
+            kv: dict[str, object] | None, key_rotated: torch.Tensor | None, num_kv_heads: int) -> None:
     """``_write_kv_kernel`` over ``t`` tokens of head dim ``d``: the K/V write when ``kv`` (its K/V
     arguments by name) is given, the query rotation into ``q_out`` when ``q`` is; ``rotate``:
-    ``rotation_arguments``."""
+    ``rotation_arguments``; ``key_rotated``: `PagedLayer.key_rotated` of ``num_kv_heads`` heads."""
     has_kv = kv is not None
+    anchor = kv["k_ptr"] if kv is not None else q
+    mask = key_mask_arguments(key_rotated, rotation=bool(rotate["ROTATE"]), num_kv_heads=num_kv_heads,
+                              device=anchor.device, placeholder=anchor)
     if not has_kv:
         kv = {**dict.fromkeys(_KV_POINTERS, q), **dict.fromkeys(_KV_SIZES, 0), "H": 1, "BLOCK_H": 1, "P": 1}
     hq = q.shape[1] if q is not None else 1
@@ -96,6 +115,8 @@ def _launch(t: int, d: int, rotate: dict[str, object], q: torch.Tensor | None, q
         BLOCK_HQ=triton.next_power_of_2(hq),
         D=d,
         **rotate,
+        **mask,
+        QG=max(1, hq // num_kv_heads),
         HAS_KV=has_kv,
         HAS_Q=q is not None,
         num_warps=4,
@@ -114,6 +135,7 @@ def oscar_write_kv(
     rotation: bool = True,
     q: torch.Tensor | None = None,
     q_rot_out: torch.Tensor | None = None,
+    key_rotated: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Rotate a step's new keys/values, compute s_t and write them into the staging pages.
 
@@ -128,6 +150,8 @@ def oscar_write_kv(
         rotation: apply the Walsh-Hadamard rotation (False: the `kivi` / `scaling-only` ablations).
         q: optional ``[T, Hq, D]`` queries of the same tokens, rotated in the same launch.
         q_rot_out: optional ``[T, Hq, D]`` fp32 destination of the rotated queries.
+        key_rotated: ``[H]`` int32 per-head key-rotation flags (`PagedLayer.key_rotated`): only
+            the flagged heads' keys, and their queries, are rotated; None: every head's.
     Returns:
         The rotated queries ``[T, Hq, D]`` fp32 when ``q`` is given, else None.
     """
@@ -142,8 +166,8 @@ def oscar_write_kv(
         raise ValueError(f"loc must be [T]={t}, got {tuple(loc.shape)}")
     check_int32(page_to_staging=page_to_staging)
     if q is not None:
-        if q.dim() != 3 or q.shape[0] != t or q.shape[2] != d or q.stride(2) != 1:
-            raise ValueError(f"q must be [T={t}, Hq, D={d}] contiguous along D, got {tuple(q.shape)}")
+        if q.dim() != 3 or q.shape[0] != t or q.shape[2] != d or q.stride(2) != 1 or q.shape[1] % h:
+            raise ValueError(f"q must be [T={t}, Hq, D={d}] contiguous along D with Hq a multiple of H={h}, got {tuple(q.shape)}")
         if q_rot_out is None:
             q_rot_out = torch.empty((t, q.shape[1], d), dtype=torch.float32, device=q.device)
         else:
@@ -167,15 +191,18 @@ def oscar_write_kv(
         "P": page_size,
         "S": s_cols,
     }
-    _launch(t, d, rotate, q, q_rot_out, kv)
+    _launch(t, d, rotate, q, q_rot_out, kv, key_rotated, h)
     return q_rot_out
 
 
-def oscar_rotate_q(*, q: torch.Tensor, rotation: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+def oscar_rotate_q(*, q: torch.Tensor, rotation: bool = True, out: torch.Tensor | None = None,
+                   key_rotated: torch.Tensor | None = None) -> torch.Tensor:
     """``H_D q`` in fp32 for queries ``[T, Hq, D]`` (contiguous along D): one small launch.
 
     Returns ``out`` (``[T, Hq, D]`` fp32, allocated when None). With ``rotation=False`` it is a copy
-    to fp32, so the attention kernels take the same input either way.
+    to fp32, so the attention kernels take the same input either way. ``key_rotated``: ``[H]``
+    int32 per-KV-head flags (`PagedLayer.key_rotated`, Hq a multiple of H): only the queries of
+    flagged heads are rotated.
     """
     if q.dim() != 3 or q.stride(2) != 1:
         raise ValueError(f"q must be [T, Hq, D] contiguous along D, got {tuple(q.shape)}")
@@ -185,6 +212,9 @@ def oscar_rotate_q(*, q: torch.Tensor, rotation: bool = True, out: torch.Tensor 
         out = torch.empty((t, hq, d), dtype=torch.float32, device=q.device)
     else:
         check_fp32_buffer("out", out, (t, hq, d))
+    h = key_rotated.shape[0] if key_rotated is not None and key_rotated.dim() == 1 else 1
+    if key_rotated is not None and hq % max(1, h):
+        raise ValueError(f"q has {hq} heads, not a multiple of the {h} KV heads of key_rotated")
     if t:
-        _launch(t, d, rotate, q, out, None)
+        _launch(t, d, rotate, q, out, None, key_rotated, h)
     return out

@@ -334,6 +334,15 @@ def _kivi_layer(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None) -> bool:
     return cfg.rotation and key_rotated is not None and not any(key_rotated)
 
 
+def mixed_key_rotation(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None) -> tuple[bool, ...] | None:
+    """The per-head key flags a kernel must apply for a layer with these flags: None when every
+    head's keys follow the layer's rotation (`rotates_values`: all rotated, or a layer stored as
+    KIVI where none is), else the flags (some heads rotated, some not)."""
+    if key_rotated is None or not cfg.rotation or all(key_rotated) or not any(key_rotated):
+        return None
+    return tuple(bool(x) for x in key_rotated)
+
+
 def scales_tokens(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None) -> bool:
     """Whether a layer's keys are divided by their token scale s_t: `cfg.token_scaling`, except in
     a layer where the key-rotation rule left every head unrotated (`key_rotation_plan`): that layer
@@ -395,6 +404,8 @@ def decode_attention(
     v_tail: torch.Tensor,
     cfg: OscarConfig,
     sm_scale: float,
+    *,
+    key_rotated: tuple[bool, ...] | None = None,
 ) -> torch.Tensor:
     """One query step over sealed blocks plus a full-precision tail, computed the way the kernel does.
 
@@ -402,13 +413,14 @@ def decode_attention(
         q: `[Hq, D]` post-RoPE queries, Hq a multiple of the KV heads H (GQA).
         k_blocks, v_blocks: sealed history, oldest first.
         k_tail, v_tail: `[H, t, D]` open tokens (not rotated; t may be 0).
+        key_rotated: the layer's key-rotation flags (`key_rotation_plan`), as in `extend_attention`.
     Returns:
         `[Hq, D]` fp32 attention output in the model's (un-rotated) basis.
 
     The query sees every token: this is `extend_attention` of one query (the last token of the
     sequence), `extend_attention(q[None], ...)[0]`.
     """
-    return extend_attention(q[None], k_blocks, v_blocks, k_tail, v_tail, cfg, sm_scale)[0]
+    return extend_attention(q[None], k_blocks, v_blocks, k_tail, v_tail, cfg, sm_scale, key_rotated=key_rotated)[0]
 
 
 def extend_attention(
@@ -422,6 +434,7 @@ def extend_attention(
     *,
     exact_from: int | None = None,
     sealed_until: torch.Tensor | list[int] | None = None,
+    key_rotated: tuple[bool, ...] | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last `t` tokens of a sequence over the sequence, computed the way the
     kernels do: what a prefill chunk (a fresh prompt, or the tokens after a prefix-cache hit) sees.
@@ -448,6 +461,9 @@ def extend_attention(
         sm_scale: the softmax scale applied to the logits.
         exact_from: `e`, the position of the first exact token (default `n_s`).
         sealed_until: `[t]` the boundaries `b_i` (default `n_s` for every query).
+        key_rotated: the layer's key-rotation flags (`key_rotation_plan`); None: those the sealed
+            blocks carry (every head's keys rotated when there is no block). Given with blocks, the
+            two must agree.
     Returns:
         `[t, Hq, D]` fp32 attention output in the model's (un-rotated) basis.
 
@@ -469,9 +485,11 @@ def extend_attention(
         bound = torch.as_tensor(sealed_until, dtype=torch.int64).to(q.device)
         if bound.shape != (t,) or (t and (int(bound.min()) < e or int(bound.max()) > n_s)):
             raise ValueError(f"sealed_until must be [{t}] boundaries within [{e}, {n_s}], got {bound.tolist()}")
-    key_rotated = k_blocks[0].key_rotated if k_blocks else None
-    if any(kb.key_rotated != key_rotated for kb in k_blocks):
+    plan = key_rotated if key_rotated is not None else (k_blocks[0].key_rotated if k_blocks else None)
+    if any(_key_mask(cfg, kb.key_rotated, h) != _key_mask(cfg, plan, h) or _kivi_layer(cfg, kb.key_rotated) != _kivi_layer(cfg, plan)
+           for kb in k_blocks):
         raise ValueError("the sealed key blocks disagree on which heads' keys are rotated")
+    key_rotated = plan
     q_rot = rotate_keys(q.reshape(t, h, hq // h, d), cfg, key_rotated, head_axis=1)
     v_rot = rotates_values(cfg, key_rotated)
     logits, values = [], []

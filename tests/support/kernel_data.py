@@ -94,6 +94,7 @@ class Pool:
     v_tail: list = field(default_factory=list)
     raw: list = field(default_factory=list)  # per request: the (k, v) [H, n, D] fp32 it was built from
     also_staged: dict = field(default_factory=dict)  # request -> (page index, k, v as staged, un-rotated)
+    key_rotated: tuple | None = None  # the layer's key-rotation flags (None: every head follows cfg.rotation)
 
     def prefix(self, b: int, n: int) -> tuple[list, list, torch.Tensor, torch.Tensor]:
         """The first ``n`` pooled tokens of request ``b`` as the reference sees them: the sealed
@@ -119,18 +120,21 @@ def build_pool(
     device: torch.device = DEVICE,
     seed: int = 0,
     stage_also: dict[int, int] | None = None,
+    key_rotated: tuple[bool, ...] | None = None,
 ) -> Pool:
     """A pool holding ``len(lens)`` requests, each on shuffled pages; every page but a request's last
     is sealed (packed with the torch reference); the last page is open (rotated BF16 in staging)
     unless it is full and the request's index is in ``last_sealed``. ``stage_also`` (request ->
     page index): a sealed page that keeps its staging slot too, as a page sealed in the current
-    step does. Spare pages are filled with garbage so that a wrong page index shows."""
+    step does. Spare pages are filled with garbage so that a wrong page index shows.
+    ``key_rotated``: the layer's key-rotation flags (`reference.key_rotation_plan`): the pages are
+    sealed and staged with them, and the kernels' `PagedLayer` carries them as the server's does."""
     gen = torch.Generator().manual_seed(seed)
     kinds = kinds or {}
     n_pages = [-(-n // p) for n in lens]
     total = sum(n_pages) + 3
     nbytes = d * cfg.bits // 8
-    s_cols = cfg.scale_columns(h)
+    s_cols = cfg.scale_columns(h) if R.scales_tokens(cfg, key_rotated) else 0
     k_codes = torch.randint(0, 256, (total, h, p, nbytes), dtype=torch.uint8, generator=gen)
     v_codes = torch.randint(0, 256, (total, h, p, nbytes), dtype=torch.uint8, generator=gen)
     k_params = torch.randn(total, h, p // cfg.k_group, 2, d, generator=gen).half() * 50
@@ -145,6 +149,15 @@ def build_pool(
     order = (torch.randperm(total - 1, generator=gen) + 1).tolist()
     pool = Pool(cfg, h, d, p, None, staging_scale, torch.zeros(len(lens) + 1, dtype=torch.int32),
                 torch.zeros(0, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))  # fmt: skip
+    pool.key_rotated = key_rotated
+    v_rotated = R.rotates_values(cfg, key_rotated)
+
+    def rot_k(x: torch.Tensor) -> torch.Tensor:  # [H, n, D]: the rotation of the keys as stored (its own inverse)
+        return R.rotate_keys(x, cfg, key_rotated)
+
+    def rot_v(x: torch.Tensor) -> torch.Tensor:
+        return R.hadamard(x) if v_rotated else x.float()
+
     pages: list[int] = []
     nxt = 0
     for b, n in enumerate(lens):
@@ -156,7 +169,7 @@ def build_pool(
         sealed = n_pages[b] - 1 if (n % p or b not in last_sealed) else n_pages[b]
         kbs, vbs = [], []
         for i in range(sealed):
-            kb, vb = R.seal(k[:, i * p : (i + 1) * p], v[:, i * p : (i + 1) * p], cfg)
+            kb, vb = R.seal(k[:, i * p : (i + 1) * p], v[:, i * p : (i + 1) * p], cfg, key_rotated)
             k_codes[mine[i]] = kb.codes
             k_params[mine[i]] = kb.params
             v_codes[mine[i]] = vb.codes
@@ -166,8 +179,8 @@ def build_pool(
             kbs.append(kb)
             vbs.append(vb)
         t0 = sealed * p
-        k_rot = R.rotate(k[:, t0:], cfg).bfloat16()
-        v_rot = R.rotate(v[:, t0:], cfg).bfloat16()
+        k_rot = rot_k(k[:, t0:]).bfloat16()
+        v_rot = rot_v(v[:, t0:]).bfloat16()
         if sealed < n_pages[b]:
             p2s[mine[-1]] = b
             staging_k[b, :, : n - t0] = k_rot
@@ -177,17 +190,17 @@ def build_pool(
             assert i < sealed, "stage_also names a sealed page"
             slot = len(lens) + 2 + sorted(stage_also).index(b)
             p2s[mine[i]] = slot
-            k_st = R.rotate(k[:, i * p : (i + 1) * p], cfg).bfloat16()
-            v_st = R.rotate(v[:, i * p : (i + 1) * p], cfg).bfloat16()
+            k_st = rot_k(k[:, i * p : (i + 1) * p]).bfloat16()
+            v_st = rot_v(v[:, i * p : (i + 1) * p]).bfloat16()
             staging_k[slot] = k_st
             staging_v[slot] = v_st
-            pool.also_staged[b] = (i, R.rotate(k_st.float(), cfg), R.rotate(v_st.float(), cfg))
+            pool.also_staged[b] = (i, rot_k(k_st.float()), rot_v(v_st.float()))
         pool.k_blocks.append(kbs)
         pool.v_blocks.append(vbs)
         pool.raw.append((k, v))
         # the reference rotates its tail itself: hand it the staged BF16 values taken back
-        pool.k_tail.append(R.rotate(k_rot.float(), cfg))
-        pool.v_tail.append(R.rotate(v_rot.float(), cfg))
+        pool.k_tail.append(rot_k(k_rot.float()))
+        pool.v_tail.append(rot_v(v_rot.float()))
     pool.kv_page_indices = torch.tensor(pages, dtype=torch.int32)
     for name in ("staging_scale", "kv_indptr", "kv_page_indices", "seq_lens"):
         t = getattr(pool, name)
@@ -201,8 +214,14 @@ def build_pool(
     pool.layer = PagedLayer(k_codes=dev(k_codes), k_params=dev(k_params), v_codes=dev(v_codes), v_params=dev(v_params),
                             scale=dev(scale), staging_k=dev(staging_k), staging_v=dev(staging_v),
                             page_to_staging=dev(p2s), bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group,
-                            rotation=cfg.rotation)  # fmt: skip
+                            rotation=v_rotated, key_rotated=key_flags(cfg, key_rotated, device))  # fmt: skip
     return pool
+
+
+def key_flags(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None, device: torch.device) -> torch.Tensor | None:
+    """`PagedLayer.key_rotated` of a layer with these flags (None unless some heads rotate and some not)."""
+    mixed = R.mixed_key_rotation(cfg, key_rotated)
+    return None if mixed is None else torch.tensor(mixed, dtype=torch.int32, device=device)
 
 
 def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float) -> torch.Tensor:
@@ -210,7 +229,8 @@ def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float) -> torch.Tens
     outs = []
     for b in range(q.shape[0]):
         outs.append(
-            R.decode_attention(q[b].float().cpu(), pool.k_blocks[b], pool.v_blocks[b], pool.k_tail[b], pool.v_tail[b], pool.cfg, sm_scale)
+            R.decode_attention(q[b].float().cpu(), pool.k_blocks[b], pool.v_blocks[b], pool.k_tail[b], pool.v_tail[b], pool.cfg, sm_scale,
+                               key_rotated=pool.key_rotated)
         )
     return torch.stack(outs)
 
