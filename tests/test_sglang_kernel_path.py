@@ -32,7 +32,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
 
 
 def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype, direct_seals: bool = True,
-           tokens: int = 128, prefill: str = "position"):
+           tokens: int = 128, prefill: str = "position", plan: list | None = None):
+    """``plan``: the pool's key-rotation plan (default every head's keys rotated: these runners hold
+    no model for the backend to compute it from)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -41,6 +43,7 @@ def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype,
         tokens, page_size=P, dtype=dtype, head_num=H, head_dim=D, layer_num=LAYERS, device=device,
         enable_memory_saver=False,
     )
+    pool.oscar_set_key_rotation(plan if plan is not None else [(True,) * H] * LAYERS)
     alloc = OscarPagedAllocator(tokens, P, dtype, device, pool, False, step=pool.oscar_step)
     r2t = ReqToTokenPool(size=4, max_context_len=tokens, device=device, enable_memory_saver=False)
     backend = create_oscar_backend(SimpleNamespace(device=device, req_to_token_pool=r2t, token_to_kv_pool=pool))
@@ -96,9 +99,12 @@ def _run(st, k_all, v_all, q_all, steps, graph=False):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bits,scope,prefill", [(2, "layer", "position"), (4, "head", "position"),
-                                                (2, "layer", "exact")])
-def test_kernel_path_matches_reference_path(bits, scope, prefill, device):
+@pytest.mark.parametrize("bits,scope,prefill,plan", [(2, "layer", "position", None), (4, "head", "position", None),
+                                                     (2, "layer", "exact", None), (2, "layer", "position", [(False, True)]),
+                                                     (4, "layer", "exact", [(False, False)])])
+def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, device):
+    """Both paths give the same outputs and nearly the same codes; also with a key-rotation plan
+    (``plan``: one KV head's keys rotated, or none: the layer stored as KIVI)."""
     torch.manual_seed(bits)
     # The model's dtype: fp32 on CPU (the interpreter), bf16 on CUDA (what the kernels take there).
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -113,7 +119,7 @@ def test_kernel_path_matches_reference_path(bits, scope, prefill, device):
     # that fills at position 63 is read from staging in that step and as codes from the next on).
     steps = [(False, [0, 0], [41, 7]), (False, [41, 7], [62, 19])]
     steps += [(True, [62 + i, 19 + i], [63 + i, 20 + i]) for i in range(3)]
-    ref_st, ker_st = _stack(cfg, False, device, dtype, prefill=prefill), _stack(cfg, True, device, dtype, prefill=prefill)
+    ref_st, ker_st = (_stack(cfg, use, device, dtype, prefill=prefill, plan=plan) for use in (False, True))
     assert not ref_st.pool.use_kernels and ker_st.pool.use_kernels
     ref_out, ref_slots = _run(ref_st, k_all, v_all, q_all, steps)
     ker_out, ker_slots = _run(ker_st, k_all, v_all, q_all, steps)

@@ -68,7 +68,7 @@ def test_oscar_flags_parse_and_reach_workers(parse):
                "--oscar-norm-scope", "head")
     assert sa.attention_backend == "oscar"
     assert sa.page_size == 64
-    want = OscarConfig(bits=4, k_group=16, page_size=64, norm_scope="head", key_rotation="all").to_dict()  # the server rotates every head
+    want = OscarConfig(bits=4, k_group=16, page_size=64, norm_scope="head").to_dict()
     assert getattr(sa, SERVER_ARGS_ATTR) == want
     # Worker processes get the record through pickle (ServerArgs.__reduce__).
     clone = pickle.loads(pickle.dumps(sa))
@@ -93,7 +93,7 @@ def test_oscar_prefill_flag_defaults_to_position_and_reaches_workers(parse):
 
 def test_ablation_flags_reach_the_config(parse):
     sa = parse("--kv-cache", "oscar", "--oscar-no-rotation", "--oscar-no-token-scaling")
-    assert plugin.oscar_config_of(sa) == OscarConfig(rotation=False, token_scaling=False, key_rotation="all")
+    assert plugin.oscar_config_of(sa) == OscarConfig(rotation=False, token_scaling=False)
     assert plugin.oscar_config_of(sa).method == "kivi"
 
 
@@ -101,7 +101,7 @@ def test_seal_quantizer_flags_reach_the_config(parse):
     """--oscar-offset / --oscar-clip (docs/OSCAR.md §2.3) land in the pickled config the pool reads;
     unset, they are the defaults."""
     sa = parse("--kv-cache", "oscar", "--oscar-offset", "min", "--oscar-clip", "values")
-    want = OscarConfig(offset="min", clip="values", key_rotation="all")
+    want = OscarConfig(offset="min", clip="values")
     assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))) == want
     assert plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-clip", "both")).clip_keys
     default = plugin.oscar_config_of(parse("--kv-cache", "oscar"))
@@ -109,6 +109,20 @@ def test_seal_quantizer_flags_reach_the_config(parse):
     for bad in (("--oscar-offset", "mean"), ("--oscar-clip", "all")):
         with pytest.raises(SystemExit):
             parse("--kv-cache", "oscar", *bad)
+
+
+def test_key_rotation_flags_reach_the_config(parse, capsys):
+    """--oscar-key-rotation (default: the weights rule, as OscarCache) and its threshold land in
+    the pickled config; a bad threshold is refused at flag parsing, naming the flag."""
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar")).key_rotation == "weights"
+    sa = parse("--kv-cache", "oscar", "--oscar-key-rotation", "all")
+    assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))).key_rotation == "all"
+    sa = parse("--kv-cache", "oscar", "--oscar-key-rotation-min-alignment", "1.1")
+    assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))).key_rotation_min_alignment == 1.1
+    with pytest.raises(SystemExit):
+        parse("--kv-cache", "oscar", "--oscar-key-rotation", "some")
+    err = _startup_error(parse, capsys, "--kv-cache", "oscar", "--oscar-key-rotation-min-alignment", "-1")
+    assert "--oscar-key-rotation-min-alignment must be a finite positive number, got -1.0" in err
 
 
 def test_decode_cuda_graphs_on_by_default_on_cuda_and_prefill_graphs_always_off(parse):

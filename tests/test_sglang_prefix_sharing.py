@@ -77,6 +77,7 @@ class Server(FakeScheduler):
             size, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
             device="cpu", enable_memory_saver=False,
         )
+        self.pool.oscar_set_key_rotation([(True,) * H] * LAYERS)  # no model here to compute it from
         alloc = OscarPagedAllocator(size, P, torch.float32, "cpu", self.pool, False, step=self.pool.oscar_step)
         self.r2t = ReqToTokenPool(size=8, max_context_len=256, device="cpu", enable_memory_saver=False)
         super().__init__(kind, alloc, self.r2t, page_size=P, gen_token=lambda i: 500 + 7 * i)

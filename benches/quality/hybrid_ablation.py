@@ -72,19 +72,18 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated row names")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-alignment", type=float, default=None,
-                    help="override reference.KEY_ROTATION_MIN_ALIGNMENT (the rule's threshold on rho)")
+                    help="the rule's threshold on rho, OscarConfig.key_rotation_min_alignment (default: its default)")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.min_alignment is not None:
-        ref.KEY_ROTATION_MIN_ALIGNMENT = args.min_alignment
+    tau = {} if args.min_alignment is None else {"key_rotation_min_alignment": args.min_alignment}
     names = [c for c in args.configs.split(",") if c]
     lm, tok = models.load(args.model)
     hybrid = "sliding_attention" in (getattr(lm.config, "layer_types", None) or [])
     if not hybrid:
         names = [c for c in names if "sliding" not in c]
-    cfgs = [OscarConfig(**CONFIGS[c]) for c in names]
-    plan = key_rotation_plan(lm, OscarConfig())
+    cfgs = [OscarConfig(**{**tau, **CONFIGS[c]}) for c in names]
+    plan = key_rotation_plan(lm, OscarConfig(**tau))
     rho = qk_channel_alignment(lm)
     text = (EVAL_DATA / args.text).read_text(encoding="utf-8")
     wins, bos, starts = windows(tok, text, args.prefix + args.score, args.windows)
@@ -123,7 +122,7 @@ def _report(args, names, per, base, bos, starts, plan, rho, t0) -> dict:
         "model": args.model, "text": args.text, "bos": bos, "prefix_tokens": args.prefix, "score_tokens": args.score,
         "windows_done": len(base), "window_starts_tokens": starts[:len(base)], "baseline_ppl_per_window": base,
         "key_rotation_plan": [list(p) for p in plan], "qk_channel_alignment": rho,
-        "key_rotation_min_alignment": ref.KEY_ROTATION_MIN_ALIGNMENT,
+        "key_rotation_min_alignment": args.min_alignment if args.min_alignment is not None else ref.KEY_ROTATION_MIN_ALIGNMENT,
         "command": " ".join(["python", "benches/quality/hybrid_ablation.py", *sys.argv[1:]]),
         "seconds": time.monotonic() - t0, "rows": rows,
     }

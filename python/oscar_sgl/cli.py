@@ -164,7 +164,7 @@ def _add_quant_flags(p: argparse.ArgumentParser) -> None:
 
 #: OscarConfig field -> the flag that sets it, for error messages.
 CONFIG_FLAGS = {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group", "page_size": "--page-size",
-                "norm_scope": "--norm-scope"}
+                "norm_scope": "--norm-scope", "key_rotation_min_alignment": "--key-rotation-min-alignment"}
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--key-rotation", choices=("weights", "all"), default=OscarConfig().key_rotation,
                      help="which KV heads' keys are rotated: chosen per (layer, head) from the weights, or all "
                      "(the paper) (default: %(default)s; docs/OSCAR.md §7)")
+    ppl.add_argument("--key-rotation-min-alignment", type=float, default=None, metavar="RHO",
+                     help="with --key-rotation weights: rotate a KV head's keys when its query/key channel alignment "
+                     f"is at least RHO (default: {OscarConfig().key_rotation_min_alignment})")
     ppl.add_argument("--sliding-layers", choices=("quantized", "bf16"), default=OscarConfig().sliding_layers,
                      help="what a hybrid model's sliding-window layers store (default: %(default)s)")
     ppl.add_argument("--offset", nargs="+", choices=OFFSET_CHOICES, default=[OscarConfig().offset],
@@ -302,9 +305,10 @@ def _add_needle_parser(evsub: Any) -> None:
 
 
 def _configs(args: argparse.Namespace) -> list[OscarConfig]:
+    extra = {k: getattr(args, k) for k in ("key_rotation", "key_rotation_min_alignment", "sliding_layers")
+             if getattr(args, k, None) is not None}
     OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
-                           page_size=args.page_size, norm_scope=args.norm_scope)  # errors name the flag
-    extra = {k: getattr(args, k) for k in ("key_rotation", "sliding_layers") if getattr(args, k, None) is not None}
+                           page_size=args.page_size, norm_scope=args.norm_scope, **extra)  # errors name the flag
     quantizers = [(o, c) for o in dict.fromkeys(getattr(args, "offset", None) or [OscarConfig().offset])
                   for c in dict.fromkeys(getattr(args, "clip", None) or [OscarConfig().clip])]
     return [

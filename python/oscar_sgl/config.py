@@ -56,7 +56,12 @@ class OscarConfig:
             (rotation would spread the large error of those channels onto the channels the
             queries use; gemma-3's full-attention layers); a layer with no rotated head is stored
             as KIVI (no token scale, values unrotated). Needs the model's weights
-            (`OscarCache(model, cfg)`); the SGLang server runs "all" (docs/OSCAR.md §7).
+            (`OscarCache(model, cfg)`, and the SGLang server, which reads the weights it loaded;
+            docs/OSCAR.md §7).
+        key_rotation_min_alignment: the rule's threshold: with "weights", a KV head's keys are
+            rotated when its query/key channel alignment rho (`reference.qk_channel_alignment`) is
+            at least this. 1.0 (the default) is where rotated and unrotated errors balance; a
+            finite positive number.
         sliding_layers: what a hybrid model's sliding-window layers store (full-attention layers
             are always quantized): "quantized" (the same format; pages that leave the window are
             dropped) or "bf16" (the window in full precision, as SGLang's SWA pool would).
@@ -77,6 +82,7 @@ class OscarConfig:
     token_scaling: bool = True
     norm_scope: NormScope = "layer"
     key_rotation: KeyRotation = "weights"
+    key_rotation_min_alignment: float = 1.0
     sliding_layers: SlidingLayers = "quantized"
     offset: Offset = "integer"
     clip: Clip = "none"

@@ -522,7 +522,7 @@ def extend_attention(
 #: SmolLM2 head is >= 1.001 (nothing changes there); on gemma-3-270m 0.5 (which catches only the
 #: four heads where rotation multiplies the query-weighted key error by 2.8-15x) left INT2 at
 #: +9.8 % against KIVI's +6.9 %, 1.0 gives +6.7 %.
-KEY_ROTATION_MIN_ALIGNMENT = 1.0
+KEY_ROTATION_MIN_ALIGNMENT = OscarConfig().key_rotation_min_alignment
 
 
 def _norm_gain(norm: torch.nn.Module, dim: int) -> torch.Tensor:
@@ -574,24 +574,43 @@ def qk_channel_alignment(model: torch.nn.Module) -> list[list[float]]:
                              "the key-rotation rule reads them")
         with torch.no_grad():
             ln = _norm_gain(layer.input_layernorm, layer.input_layernorm.weight.shape[-1])
-            ek = (attn.k_proj.weight.float() * ln[None]).pow(2).sum(-1).reshape(h, d)
-            eq = (attn.q_proj.weight.float() * ln[None]).pow(2).sum(-1).reshape(hq, d)
-            for name, e in (("k_norm", ek), ("q_norm", eq)):
-                norm = getattr(attn, name, None)
-                if norm is not None:
-                    e.copy_(e / e.mean(-1, keepdim=True) * _norm_gain(norm, d).pow(2)[None])
-            pairs_k = ek[:, : d // 2] + ek[:, d // 2 :]
-            pairs_q = (eq[:, : d // 2] + eq[:, d // 2 :]).reshape(h, hq // h, d // 2).mean(1)
-            rho = (d // 2) * (pairs_q * pairs_k).sum(-1) / (pairs_q.sum(-1) * pairs_k.sum(-1))
-        out.append([float(x) for x in rho])
+            gains = {name: _norm_gain(getattr(attn, name), d) for name in ("q_norm", "k_norm") if getattr(attn, name, None) is not None}
+        out.append(head_alignment(attn.q_proj.weight, attn.k_proj.weight, ln, num_kv_heads=h, head_dim=d,
+                                  q_norm_gain=gains.get("q_norm"), k_norm_gain=gains.get("k_norm")))
     return out
+
+
+def head_alignment(w_q: torch.Tensor, w_k: torch.Tensor, input_gain: torch.Tensor, *, num_kv_heads: int, head_dim: int,
+                   q_norm_gain: torch.Tensor | None = None, k_norm_gain: torch.Tensor | None = None) -> list[float]:
+    """One layer's `qk_channel_alignment`, one rho per KV head, from its query / key projection
+    weights ``[Hq * D, hidden]`` / ``[H * D, hidden]`` (heads in order), the input norm's
+    per-channel gain ``[hidden]`` and the q/k RMSNorm gains ``[D]`` when the model has them. Any
+    module layout (separate or fused projections, a tensor-parallel shard of whole heads) reduces
+    to these."""
+    h, d = num_kv_heads, head_dim
+    hq = w_q.shape[0] // d
+    if w_q.shape[0] != hq * d or w_k.shape[0] != h * d or hq % h or w_q.shape[1] != input_gain.shape[0] or w_k.shape[1] != input_gain.shape[0]:
+        raise ValueError(f"q/k projections {tuple(w_q.shape)} / {tuple(w_k.shape)} do not make whole heads of "
+                         f"{d} channels ({h} KV heads) over {input_gain.shape[0]} inputs")
+    with torch.no_grad():
+        ln = input_gain.float()
+        ek = (w_k.float() * ln[None]).pow(2).sum(-1).reshape(h, d)
+        eq = (w_q.float() * ln[None]).pow(2).sum(-1).reshape(hq, d)
+        for e, gain in ((ek, k_norm_gain), (eq, q_norm_gain)):
+            if gain is not None:
+                e.copy_(e / e.mean(-1, keepdim=True) * gain.float().pow(2)[None])
+        pairs_k = ek[:, : d // 2] + ek[:, d // 2 :]
+        pairs_q = (eq[:, : d // 2] + eq[:, d // 2 :]).reshape(h, hq // h, d // 2).mean(1)
+        rho = (d // 2) * (pairs_q * pairs_k).sum(-1) / (pairs_q.sum(-1) * pairs_k.sum(-1))
+    return [float(x) for x in rho]
 
 
 def key_rotation_plan(model: torch.nn.Module, cfg: OscarConfig) -> list[tuple[bool, ...]]:
     """Per layer, one flag per KV head: whether `cfg` rotates that head's keys.
 
     `cfg.rotation` off: no head. `cfg.key_rotation == "all"`: every head. `"weights"`: the heads
-    whose `qk_channel_alignment` is at least `KEY_ROTATION_MIN_ALIGNMENT` (a layer with no such
+    whose `qk_channel_alignment` is at least `cfg.key_rotation_min_alignment` (default
+    `KEY_ROTATION_MIN_ALIGNMENT`; a layer with no such
     head also skips token scaling, `scales_tokens`). A function of the weights
     only: every request, token and prefix gets the same choice (the packed bytes of a shared prefix
     do not depend on the request), and decode pays nothing for it (the query of an unrotated head is
@@ -602,4 +621,13 @@ def key_rotation_plan(model: torch.nn.Module, cfg: OscarConfig) -> list[tuple[bo
         hq = int(cfg_text.num_attention_heads)
         h = int(getattr(cfg_text, "num_key_value_heads", None) or hq)
         return [(cfg.rotation,) * h for _ in range(int(cfg_text.num_hidden_layers))]
-    return [tuple(r >= KEY_ROTATION_MIN_ALIGNMENT for r in row) for row in qk_channel_alignment(model)]
+    return plan_from_alignment(qk_channel_alignment(model), cfg)
+
+
+def plan_from_alignment(rho: list[list[float]], cfg: OscarConfig) -> list[tuple[bool, ...]]:
+    """`key_rotation_plan` from the per-(layer, KV head) alignments ``rho`` (`qk_channel_alignment`)."""
+    if not cfg.rotation:
+        return [(False,) * len(row) for row in rho]
+    if cfg.key_rotation == "all":
+        return [(True,) * len(row) for row in rho]
+    return [tuple(r >= cfg.key_rotation_min_alignment for r in row) for row in rho]

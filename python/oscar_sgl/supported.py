@@ -21,7 +21,8 @@ exit status 2.
 | KV heads > 0; head_dim a power of two (rotation on) | Walsh-Hadamard transform | `check_layer_shape` (all contexts) |
 | v_group divides head_dim; head_dim*bits a whole number of bytes | value groups, packing | `check_layer_shape` |
 | full or sliding-window attention layers (no linear attention); no MLA | latent / recurrent state is not K/V | `check_quality_model` (OscarCache, `oscar-sgl eval`, `plan --model`) |
-| `key_rotation` 'weights': the model's weights, not only its config | the per-head choice is computed from them | `OscarCache` |
+| `key_rotation` 'weights': the model's weights, not only its config | the per-head choice is computed from them | `OscarCache`; the server's `key_rotation_plan_from_sglang` (model load) |
+| `key_rotation_min_alignment` a finite positive number | the rule's threshold on rho | `check_fields` |
 | `--oscar-*` flags only with `--kv-cache oscar` | nothing would read them | `check_server_flags` |
 | `--page-size` = `--oscar-page-size`; attention backend `oscar`; no `--kv-cache-dtype` | an OScaR page is the unit of sealing; other backends read BF16 | `check_server_flags` |
 | no HiCache, PD disaggregation, speculative decoding, KV sharding, page-major layout, unified memory | each moves or writes K/V without the per-page scales | `check_server_flags` |
@@ -36,6 +37,7 @@ This module imports nothing from oscar_sgl but `errors`, and neither torch nor S
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Mapping
 
@@ -100,6 +102,9 @@ def check_fields(values: Mapping[str, object], name: Callable[[str], str] = str)
         raise OscarConfigError(f"{name('norm_scope')} must be 'layer' or 'head', got {values['norm_scope']!r}")
     if values.get("key_rotation", "all") not in ("all", "weights"):
         raise OscarConfigError(f"{name('key_rotation')} must be 'all' or 'weights', got {values['key_rotation']!r}")
+    tau = values.get("key_rotation_min_alignment", 1.0)
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
+        raise OscarConfigError(f"{name('key_rotation_min_alignment')} must be a finite positive number, got {tau!r}")
     if values.get("sliding_layers", "quantized") not in ("quantized", "bf16"):
         raise OscarConfigError(
             f"{name('sliding_layers')} must be 'quantized' or 'bf16', got {values['sliding_layers']!r}"

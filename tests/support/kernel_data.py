@@ -236,15 +236,16 @@ def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float) -> torch.Tens
 
 
 def query_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int, step_start: int, mode: str,
-                    cfg: OscarConfig, sm_scale: float) -> torch.Tensor:
+                    cfg: OscarConfig, sm_scale: float, key_rotated: tuple[bool, ...] | None = None) -> torch.Tensor:
     """What the server's attention gives the query ``q`` ``[Hq, D]`` at position ``pos`` of a step
     starting at ``step_start``, over keys / values ``k``, ``v`` ``[H, >= pos + 1, D]`` (positions from
     0, un-rotated): the pages below its boundary sealed (``reference.seal``), the tokens from the
     boundary to ``pos`` exact. ``mode`` "position" (``--oscar-prefill position``, the default): the
     boundary is the start of the query's own page, whatever the step; "exact": the start of the page
-    holding ``step_start``, so a fresh prompt is exact."""
+    holding ``step_start``, so a fresh prompt is exact. ``key_rotated``: the layer's key-rotation
+    flags (`reference.key_rotation_plan`)."""
     p = cfg.page_size
     own = (pos if mode == "position" else step_start) // p * p
-    blocks = [R.seal(k[:, s:s + p], v[:, s:s + p], cfg) for s in range(0, own, p)]
+    blocks = [R.seal(k[:, s:s + p], v[:, s:s + p], cfg, key_rotated) for s in range(0, own, p)]
     return R.decode_attention(q, [kb for kb, _ in blocks], [vb for _, vb in blocks], k[:, own:pos + 1], v[:, own:pos + 1],
-                              cfg, sm_scale)
+                              cfg, sm_scale, key_rotated=key_rotated)

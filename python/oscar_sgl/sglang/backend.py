@@ -61,6 +61,14 @@ class OscarAttnBackendMixin:
             )
         self.cfg = pool.oscar_config
         self.step: OscarStep = pool.oscar_step
+        if self.cfg.rotation and self.cfg.key_rotation == "weights" and pool.key_rotation_plan is None:
+            # The rule reads the weights this rank loaded (before any write or CUDA-graph capture).
+            from .plan import key_rotation_plan_from_sglang
+
+            plan, self.key_alignment = key_rotation_plan_from_sglang(
+                getattr(model_runner, "model", None), self.cfg, start_layer=pool.start_layer, num_layers=pool.layer_num,
+                num_kv_heads=pool.head_num, head_dim=pool.head_dim)
+            pool.oscar_set_key_rotation(plan)
         # --oscar-prefill: each query's sealed boundary by its position (True) or the prefix's end
         self.position = pool.oscar_settings.prefill == "position"
 
@@ -129,7 +137,7 @@ class OscarAttnBackendMixin:
             q=q_.contiguous(), layer=pool.paged_layer(li),
             kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
             sm_scale=layer.scaling, new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
-            staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None,
+            staging_scale=pool.layer_stage_scale(li),
             workspace=ws,
         )
         pool.oscar_graph_seal(li)
@@ -196,11 +204,13 @@ class OscarAttnBackendMixin:
             pages = req_to_token[r, 0:n_sealed * p:p].to(torch.int64) // p
             blocks = pool.sealed_blocks(li, pages) if n_sealed else None
             kbs, vbs = ([blocks[0]], [blocks[1]]) if blocks is not None else ([], [])
+            plan = pool.layer_plan(li)
             if decode:
-                out[at] = ref.decode_attention(q_[at], kbs, vbs, k_fp, v_fp, self.cfg, layer.scaling).to(q.dtype)
+                out[at] = ref.decode_attention(q_[at], kbs, vbs, k_fp, v_fp, self.cfg, layer.scaling,
+                                               key_rotated=plan).to(q.dtype)
             else:
                 out[at:at + n] = ref.extend_attention(q_[at:at + n], kbs, vbs, k_fp, v_fp, self.cfg,
-                                                      layer.scaling).to(q.dtype)
+                                                      layer.scaling, key_rotated=plan).to(q.dtype)
             at += n
         return out.reshape(-1, hq * d)
 
@@ -234,7 +244,8 @@ class OscarAttnBackendMixin:
             if b:
                 kb, vb = pool.sealed_blocks(li, r2t[r, 0:b * p:p].to(torch.int64) // p)
                 kbs, vbs = [kb], [vb]
-            o = ref.extend_attention(q_page, kbs, vbs, kv_page[0], kv_page[1], self.cfg, sm_scale)
+            o = ref.extend_attention(q_page, kbs, vbs, kv_page[0], kv_page[1], self.cfg, sm_scale,
+                                     key_rotated=pool.layer_plan(li))
             out[lo - s0:hi - s0] = o[lo - b * p:hi - b * p]
         return out
 
@@ -304,7 +315,7 @@ class OscarAttnBackendMixin:
         if fused:
             out = K.oscar_decode_attention(
                 q=q_, seq_lens=meta["seq_lens"], new_k=k_new, new_v=v_new, new_loc=loc,
-                staging_scale=pool.stage_scale[li] if pool.stage_scale is not None else None, **common,
+                staging_scale=pool.layer_stage_scale(li), **common,
             )
             pool.oscar_seal_after_fused_write(li)
         elif decode:

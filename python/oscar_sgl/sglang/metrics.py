@@ -57,6 +57,9 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
         # This rank's KV heads: under TP the `layer` norm scope is the norm over these heads only.
         "kv_heads": h,
         "token_scale_columns": int(cfg.scale_columns(h)),
+        # The key-rotation plan this rank computed from its weights (`--oscar-key-rotation`): layers
+        # with no rotated head store no token scale (their allocated scale bytes stay unused).
+        "key_rotation": pool.key_rotation_summary(),
         "pages": {"sealed": int(st.sealed_pages), "open": int(st.open_pages),
                   "free": max(0, usable - int(st.sealed_pages) - int(st.open_pages))},
         "tree_pages": int(st.tree_pages),

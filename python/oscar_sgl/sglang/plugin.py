@@ -40,6 +40,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "norm_scope": ("--oscar-norm-scope", "oscar_norm_scope"),
     "offset": ("--oscar-offset", "oscar_offset"),
     "clip": ("--oscar-clip", "oscar_clip"),
+    "key_rotation": ("--oscar-key-rotation", "oscar_key_rotation"),
+    "key_rotation_min_alignment": ("--oscar-key-rotation-min-alignment", "oscar_key_rotation_min_alignment"),
 }
 
 
@@ -91,6 +93,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--oscar-clip", choices=CLIP_CHOICES,
                    help="Seal-time MSE clip search (each group's range shrunk to 1 .. 3/4 of its width, the least "
                    f"squared error kept) for the key groups, the value groups, both or none (default: {d.clip}).")
+    g.add_argument("--oscar-key-rotation", choices=("weights", "all"),
+                   help="Which KV heads' keys are rotated: 'weights' chooses per (layer, KV head) from the loaded "
+                   "weights (keys stay unrotated where the channels that carry their energy are not the ones the "
+                   "queries read; a layer with no rotated head is stored as KIVI) or 'all' (the paper) "
+                   f"(default: {d.key_rotation}; docs/OSCAR.md §7). 'weights' needs unquantized q/k projections.")
+    g.add_argument("--oscar-key-rotation-min-alignment", type=float, metavar="RHO",
+                   help="With --oscar-key-rotation weights: rotate a KV head's keys when its query/key channel "
+                   f"alignment is at least RHO (default: {d.key_rotation_min_alignment}).")
     g.add_argument("--oscar-prefill", choices=PREFILL_MODES,
                    help="What a prefill token attends to. 'position' (default): the pages below its own page "
                    "as INT codes and its own page exactly, as in decode, so a prompt gets the same answer cold, "
@@ -121,10 +131,8 @@ def config_from_namespace(ns: Any) -> Any:
                                    f"{getattr(ns, 'kv_cache', 'default')}")
         return None
     values = {field: getattr(ns, dest) for field, (_, dest) in FLAGS.items() if getattr(ns, dest, None) is not None}
-    # key_rotation "all": the kernels rotate every head's keys (a per-head flag is not in the page
-    # metadata yet, docs/OSCAR.md §7), so the server's config says exactly what it stores.
     return OscarConfig.from_flags(
-        {field: flag for field, (flag, _) in FLAGS.items()}, key_rotation="all",
+        {field: flag for field, (flag, _) in FLAGS.items()},
         rotation=not getattr(ns, "oscar_no_rotation", False),
         token_scaling=not getattr(ns, "oscar_no_token_scaling", False), **values,
     )

@@ -187,6 +187,11 @@ class OscarKVPoolMixin:
                             if st.direct_seals else 0)
         super().__init__(size, page_size, dtype, head_num, head_dim, layer_num, device,  # type: ignore[call-arg]
                          enable_memory_saver, enable_kv_cache_copy=False, **kwargs)
+        # The key-rotation plan (one flag per local KV head and layer): None rotates every head's
+        # keys when rotation is on, until `oscar_set_key_rotation` installs the plan the backend
+        # computed from the loaded weights (before the first forward).
+        self.key_rotation_plan: list[tuple[bool, ...]] | None = None
+        self._key_flags: list[torch.Tensor | None] = [None] * layer_num
         runtime = OscarRuntime(num_pages=self.num_pages, page_size=page_size, staging_slots=self.num_staging,
                                kv_heads=head_num, head_dim=head_dim, config=cfg, scratch_slots=self.num_scratch)
         self.oscar_step = OscarStep(runtime, device=device)
@@ -327,15 +332,70 @@ class OscarKVPoolMixin:
         self._seal_kernels(li)
         self.oscar_step.end_layer(li, self.layer_num)
 
+    # -- the key-rotation plan (reference.key_rotation_plan) --------------------------------
+    def oscar_set_key_rotation(self, plan: list[tuple[bool, ...]] | None) -> None:
+        """Install the key-rotation plan of this pool's layers (one flag per KV head this rank
+        holds), before anything is written: a layer whose plan rotates no head is stored as KIVI
+        (no token scale, values unrotated), one that rotates some heads' keys gives the kernels
+        its flags (`PagedLayer.key_rotated`). None: every head's keys follow the rotation."""
+        if plan is not None:
+            plan = [tuple(bool(x) for x in row) for row in plan]
+            if len(plan) != self.layer_num or any(len(row) != self.head_num for row in plan):
+                raise ValueError(f"the key-rotation plan must have {self.layer_num} layers of {self.head_num} flags, "
+                                 f"got {[len(row) for row in plan]}")
+        if self.oscar_runtime.stats().sealed_pages or self.oscar_runtime.stats().open_pages:
+            raise RuntimeError("the key-rotation plan is installed before the first write (pages already hold keys)")
+        cfg = self.oscar_config
+        self.key_rotation_plan = plan
+        self._key_flags = [None] * self.layer_num
+        if plan is not None:
+            for li, row in enumerate(plan):
+                mixed = ref.mixed_key_rotation(cfg, row)
+                if mixed is not None:
+                    self._key_flags[li] = torch.tensor(mixed, dtype=torch.int32, device=self.device)
+
+    def layer_plan(self, li: int) -> tuple[bool, ...] | None:
+        """The key-rotation flags of layer ``li`` (None: every head follows the rotation)."""
+        return None if self.key_rotation_plan is None else self.key_rotation_plan[li]
+
+    def layer_rotates_values(self, li: int) -> bool:
+        return ref.rotates_values(self.oscar_config, self.layer_plan(li))
+
+    def layer_scales_tokens(self, li: int) -> bool:
+        return self.scale_cols > 0 and ref.scales_tokens(self.oscar_config, self.layer_plan(li))
+
+    def layer_scale(self, li: int) -> torch.Tensor | None:
+        """Layer ``li``'s packed token scales, None when it stores none (token scaling off, or a
+        layer the plan stores as KIVI: its buffer is allocated but never read)."""
+        return self.scales[li] if self.scales is not None and self.layer_scales_tokens(li) else None
+
+    def layer_stage_scale(self, li: int) -> torch.Tensor | None:
+        """Layer ``li``'s staging token scales (kernel path), None as for `layer_scale`."""
+        return self.stage_scale[li] if self.stage_scale is not None and self.layer_scales_tokens(li) else None
+
+    def key_rotation_summary(self) -> dict[str, Any]:
+        """What `/server_info` shows: the rule, its threshold, and the plan's head counts."""
+        cfg = self.oscar_config
+        plan = self.key_rotation_plan
+        heads = self.layer_num * self.head_num
+        rotated = heads if plan is None and cfg.rotation else (sum(map(sum, plan)) if plan is not None else 0)
+        return {"rule": cfg.key_rotation if cfg.rotation else "off",
+                "min_alignment": cfg.key_rotation_min_alignment,
+                "rotated_heads": int(rotated), "heads": heads,
+                "kivi_layers": [self.start_layer + li for li in range(self.layer_num)
+                                if cfg.rotation and plan is not None and not any(plan[li])],
+                "plan": None if plan is None else [[int(x) for x in row] for row in plan]}
+
     def paged_layer(self, li: int) -> Any:
         """Layer ``li`` as the attention kernels read it (`oscar_sgl.kernels.PagedLayer`)."""
         from ..kernels import PagedLayer
 
         cfg = self.oscar_config
         return PagedLayer(k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
-                          v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,
+                          v_params=self.v_params[li], scale=self.layer_scale(li),
                           staging_k=self.stage_k[li], staging_v=self.stage_v[li], page_to_staging=self.page_map,
-                          bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, rotation=cfg.rotation)
+                          bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, rotation=self.layer_rotates_values(li),
+                          key_rotated=self._key_flags[li])
 
     def oscar_graph_seal(self, li: int) -> None:
         """The captured seal launch of layer ``li`` over the step's fixed CUDA-graph plan buffer."""
@@ -346,17 +406,16 @@ class OscarKVPoolMixin:
         map) and one seal launch for every page of the step's plan."""
         from .. import kernels as K
 
-        cfg = self.oscar_config
         if loc.numel():
             k, v = k.contiguous(), v.contiguous()
+            rot = dict(rotation=self.layer_rotates_values(li), key_rotated=self._key_flags[li])
             K.oscar_write_kv(k=k, v=v, loc=loc, page_to_staging=self.page_map,
                              staging_k=self.stage_k[li], staging_v=self.stage_v[li],
-                             staging_scale=self.stage_scale[li] if self.stage_scale is not None else None,
-                             rotation=cfg.rotation)
+                             staging_scale=self.layer_stage_scale(li), **rot)
             if self.oscar_step.direct_plan is not None:  # this step's direct pages: into the shared scratch
                 K.oscar_write_kv(k=k, v=v, loc=loc, page_to_staging=self.oscar_step.scratch_map,
                                  staging_k=self.scratch_k, staging_v=self.scratch_v,
-                                 staging_scale=self.scratch_scale, rotation=cfg.rotation)
+                                 staging_scale=self.scratch_scale if self.layer_scales_tokens(li) else None, **rot)
         self._seal_kernels(li)
         if self.oscar_step.direct_plan is not None:
             self._seal_kernels(li, plan=self.oscar_step.direct_plan, scratch=True)
@@ -369,24 +428,25 @@ class OscarKVPoolMixin:
         cfg = self.oscar_config
         plan = self.oscar_step.seal_plan if plan is None else plan
         if scratch:
-            sk, sv, ss = self.scratch_k, self.scratch_v, self.scratch_scale
+            sk, sv = self.scratch_k, self.scratch_v
+            ss = self.scratch_scale if self.layer_scales_tokens(li) else None
         else:
             sk, sv = self.stage_k[li], self.stage_v[li]
-            ss = self.stage_scale[li] if self.stage_scale is not None else None
+            ss = self.layer_stage_scale(li)
         if plan is not None:
             K.oscar_seal(plan=plan, staging_k=sk, staging_v=sv, staging_scale=ss,
                          k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
-                         v_params=self.v_params[li], scale=self.scales[li] if self.scales is not None else None,
+                         v_params=self.v_params[li], scale=self.layer_scale(li),
                          bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, offset=cfg.offset, clip=cfg.clip)
 
     def _seal(self, li: int, page: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize one page `[H, P, D]` of layer `li` into the packed arrays (reference path)."""
-        kb, vb = ref.seal(k, v, self.oscar_config)
+        kb, vb = ref.seal(k, v, self.oscar_config, self.layer_plan(li))
         self.k_codes[li][page] = kb.codes
         self.k_params[li][page] = kb.params
         self.v_codes[li][page] = vb.codes
         self.v_params[li][page] = vb.params
-        if self.scales is not None:
+        if kb.scale is not None:
             self.scales[li][page] = kb.scale
 
     # -- reads (for the backend) ----------------------------------------------------------
@@ -399,11 +459,15 @@ class OscarKVPoolMixin:
             return x.transpose(0, 1).reshape(h, n * x.shape[2], *x.shape[3:])
 
         scale = None
-        if self.scales is not None:
+        if self.layer_scale(li) is not None:
             scale = self.scales[li][pages].reshape(n * p, self.scale_cols)
         kb = ref.KBlock(codes=cat_tokens(self.k_codes[li][pages]), params=cat_tokens(self.k_params[li][pages]),
                         scale=scale)
         vb = ref.VBlock(codes=cat_tokens(self.v_codes[li][pages]), params=cat_tokens(self.v_params[li][pages]))
+        plan = self.layer_plan(li)
+        if plan is not None:  # as `reference.seal` marks the blocks it packs
+            kb.key_rotated = plan if self.oscar_config.rotation else (False,) * len(plan)
+            vb.rotated = ref.rotates_values(self.oscar_config, plan) or not self.oscar_config.rotation
         return kb, vb
 
     def open_tokens(self, li: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
