@@ -4,9 +4,12 @@ For each prompt, the server's greedy continuation and its per-token log-probabil
 with the project's torch reference on the same GPU, same bf16 weights, teacher-forced on the server's
 own tokens (so one flipped near-tie does not hide everything after it):
 - BF16 server (`--kv-cache default`) vs transformers with its ordinary cache;
-- OScaR server (eager, and with `--oscar-cuda-graph`) vs transformers + `OscarCache` under the server's
-  sealing schedule: the prompt attends exactly, then every whole page is sealed, and each decode step
-  attends to the sealed pages as codes and to the open page exactly.
+- OScaR server (eager, and with decode CUDA graphs) vs transformers + `OscarCache` under the server's
+  default schedule (`--oscar-prefill position`): each prompt token attends to the sealed pages below
+  its own page as codes and to its own page exactly (`evaluate.position_logits`), and each decode
+  step to the sealed pages as codes and to the open page exactly. (Until session 12 the reference
+  read the whole prompt exactly, the `exact` prefill, which is not what the server runs by default:
+  the difference landed in the measured floors.)
 The tolerance is the *precision floor* of each format, measured on the reference itself: the same
 reference run in bf16 and in fp32, teacher-forced on the same tokens. For BF16 it is the usual bf16
 drift; for INT2 it is larger, because a bf16-sized change of a key or value can move it across an INT2
@@ -79,6 +82,7 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool,
     import torch
 
     from oscar_sgl import OscarCache, OscarConfig
+    from oscar_sgl.evaluate import position_logits
 
     cfg = OscarConfig(bits=2, page_size=PAGE, **({} if min_alignment is None else {"key_rotation_min_alignment": min_alignment}))
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
@@ -86,9 +90,12 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool,
     def run(tokens: list[int] | None) -> tuple[list[float], list[int], list[float]]:
         cache = OscarCache(model, cfg) if oscar else None
         with torch.inference_mode():
-            out = model(ids, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            lp = out.logits[0, -1].float().log_softmax(-1)
+            if oscar:  # the prompt as the server's default `--oscar-prefill position` reads it
+                lp = position_logits(model, ids, cache)[-1].log_softmax(-1)
+            else:
+                out = model(ids, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                lp = out.logits[0, -1].float().log_softmax(-1)
             lps, chosen, gaps = [], [], []
             for i in range(MAX_NEW):
                 nxt = int(lp.argmax()) if tokens is None else tokens[i]
