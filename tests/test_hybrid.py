@@ -212,3 +212,43 @@ def test_layer_without_rotated_keys_stores_kivi_keys_and_values():
     mixed, _ = ref.seal(k, v, cfg, key_rotated=(True, False))
     assert mixed.scale is not None
     assert ref.scales_tokens(cfg.replace(rotation=False), None) and not ref.scales_tokens(cfg.replace(token_scaling=False))
+
+
+def test_rule_counts_the_varying_part_of_projection_biases():
+    """A key bias costs per-channel quantization only where RoPE makes it vary inside a key group:
+    on a fast pair it moves the keys' energy there (rho drops below 1 when the queries read other
+    pairs), on the slowest pair it barely counts; a query bias counts whole. Zero biases change
+    nothing (SmolLM2 and gemma-3 have none)."""
+    d, hidden = 64, 64
+    torch.manual_seed(0)
+    w_q, w_k, ln = torch.randn(2 * d, hidden), torch.randn(d, hidden), torch.ones(hidden)
+    f = ref.bias_variation(d, 10000.0, 32)
+    # fast pairs vary fully (sinc oscillates there), slow ones not at all
+    assert f.shape == (d // 2,) and bool((f[:8] > 0.8).all()) and bool((f[16:] < 0.05).all()) and f[-1] < 1e-4
+    assert torch.equal(ref.bias_variation(d, None, 32), torch.ones(d // 2))
+    kw = dict(num_kv_heads=1, head_dim=d, rope_theta=10000.0, k_group=32)
+    base = ref.head_alignment(w_q, w_k, ln, **kw)
+    assert ref.head_alignment(w_q, w_k, ln, q_bias=torch.zeros(2 * d), k_bias=torch.zeros(d), **kw) == base
+    fast, slow = torch.zeros(d), torch.zeros(d)
+    fast[0] = fast[d // 2] = 100.0  # pair 0: theta = 1 rad per token
+    slow[d // 2 - 1] = slow[d - 1] = 100.0  # the slowest pair: near-constant over 32 tokens
+    q_elsewhere = torch.zeros(2 * d)
+    q_elsewhere[5] = q_elsewhere[d + 5] = 100.0  # the queries read pair 5
+    assert ref.head_alignment(w_q, w_k, ln, k_bias=fast, q_bias=q_elsewhere, **kw)[0] < 0.5 < base[0]
+    assert abs(ref.head_alignment(w_q, w_k, ln, k_bias=slow, **kw)[0] - base[0]) < 0.01
+    with pytest.raises(ValueError, match="bias has 3 entries"):
+        ref.head_alignment(w_q, w_k, ln, k_bias=torch.zeros(3), **kw)
+
+
+def test_effective_bits_count_layers_stored_as_kivi(smollm2):
+    """A layer the plan stores as KIVI keeps no token scale: the cache's effective bits count it at
+    the KIVI rate (SmolLM2 at threshold 1.1: 10 of 30 layers)."""
+    model, _ = smollm2
+    cfg = OscarConfig(key_rotation_min_alignment=1.1)
+    cache = OscarCache(model, cfg)
+    kivi = sum(not any(row) for row in cache.key_rotation_plan)
+    assert kivi == 10
+    full, bare = cfg.effective_bits(3, 64), cfg.replace(token_scaling=False).effective_bits(3, 64)
+    assert full > bare
+    assert cache.effective_bits(4096) == pytest.approx(((30 - kivi) * full + kivi * bare) / 30)
+    assert OscarCache(model, OscarConfig()).effective_bits(4096) == pytest.approx(full)

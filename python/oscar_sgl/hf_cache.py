@@ -280,27 +280,38 @@ class OscarCache(Cache):
                    for layer in self.layers
                    if isinstance(layer, DynamicSlidingWindowLayer) and layer.is_initialized)
 
-    def stored_elements(self, tokens: int) -> tuple[int, int]:
-        """`(quantized, bf16)` K/V elements per sequence the cache holds after `tokens` tokens,
-        counting what a BF16 cache of the same model would hold: every token of a full-attention layer,
-        at most the window (window - 1 kept between steps) of a sliding one."""
+    def _layer_elements(self, tokens: int) -> list[tuple[int, bool]]:
+        """Per layer, `(K/V elements per sequence, quantized)` after `tokens` tokens, counting what a
+        BF16 cache of the same model would hold: every token of a full-attention layer, at most the
+        window (window - 1 kept between steps) of a sliding one."""
         per_token = 2 * self.num_kv_heads * self.head_dim
-        quant = bf16 = 0
+        out = []
         for kind in self.layer_types:
             n = tokens if kind == "full_attention" else min(tokens, (self.sliding_window or 1) - 1)
-            if kind == "sliding_attention" and self.cfg.sliding_layers == "bf16":
-                bf16 += n * per_token
-            else:
-                quant += n * per_token
-        return quant, bf16
+            out.append((n * per_token, not (kind == "sliding_attention" and self.cfg.sliding_layers == "bf16")))
+        return out
+
+    def stored_elements(self, tokens: int) -> tuple[int, int]:
+        """`(quantized, bf16)` K/V elements per sequence the cache holds after `tokens` tokens
+        (`_layer_elements`)."""
+        rows = self._layer_elements(tokens)
+        return sum(n for n, q in rows if q), sum(n for n, q in rows if not q)
+
+    def layer_bits(self, i: int) -> float:
+        """Stored bits per element of quantized layer ``i``: the config's, without the token scale
+        where the key-rotation plan stores the layer as KIVI (`reference.scales_tokens`)."""
+        plan = self.key_rotation_plan[i] if self.key_rotation_plan is not None else None
+        cfg = self.cfg if ref.scales_tokens(self.cfg, plan) else self.cfg.replace(token_scaling=False)
+        return cfg.effective_bits(self.num_kv_heads, self.head_dim)
 
     def effective_bits(self, tokens: int) -> float:
         """Stored bits per K/V element of the whole cache after `tokens` tokens, over the elements a
         BF16 cache of the same model holds (sliding layers: their window): `OscarConfig.effective_bits`
-        for a model whose layers are all quantized, more when sliding layers stay BF16."""
-        quant, bf16 = self.stored_elements(tokens)
-        bits = self.cfg.effective_bits(self.num_kv_heads, self.head_dim)
-        return (quant * bits + bf16 * 16.0) / max(quant + bf16, 1)
+        for a model whose layers are all quantized and scale their tokens, less where the key-rotation
+        plan stores layers as KIVI (no token scale), more when sliding layers stay BF16."""
+        rows = self._layer_elements(tokens)
+        total = sum(n for n, _ in rows)
+        return sum(n * (self.layer_bits(i) if q else 16.0) for i, (n, q) in enumerate(rows)) / max(total, 1)
 
     def memory(self) -> dict[str, float]:
         """True bytes held, and what BF16 would need for the same tokens."""

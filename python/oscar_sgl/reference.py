@@ -533,7 +533,7 @@ def _norm_gain(norm: torch.nn.Module, dim: int) -> torch.Tensor:
         return norm(torch.ones(1, dim, dtype=w.dtype, device=w.device))[0].float()
 
 
-def qk_channel_alignment(model: torch.nn.Module) -> list[list[float]]:
+def qk_channel_alignment(model: torch.nn.Module, k_group: int = 32) -> list[list[float]]:
     """Per layer and KV head, how well the channels that carry the keys' energy match the
     channels the queries read, from the weights alone:
 
@@ -542,16 +542,24 @@ def qk_channel_alignment(model: torch.nn.Module) -> list[list[float]]:
     over the D/2 RoPE channel pairs j = (c, c + D/2) (RoPE mixes the two channels of a pair, never
     two pairs), with `v_j` the keys' expected energy in pair j and `a_j` the queries' (mean over the
     query heads of the group). A channel's expected energy is the squared norm of its projection row
-    times the layer's input-norm gains (a unit-RMS, isotropic hidden state), times the squared gain of
-    a q/k RMSNorm when the model has one (which rescales each head to unit RMS first).
+    times the layer's input-norm gains (a unit-RMS, isotropic hidden state), plus its projection
+    bias squared when the model has biases, times the squared gain of a q/k RMSNorm when the model
+    has one (which rescales each head to unit RMS first). For the keys only the part of a bias that
+    varies within a key group counts: RoPE turns pair j's constant bias into a sinusoid of frequency
+    theta_j = rope_theta^(-2j/D), whose variance over G = k_group consecutive tokens is the share
+    1 - sinc^2(G theta_j / 2) of its energy (a constant per channel costs nothing: per-channel
+    quantization, rotated or not, absorbs it in the offset); a query's bias multiplies the key error
+    whole.
 
     Why it decides rotation: per-channel key quantization (KIVI) leaves each channel an error that
     grows with that channel's range, and a logit error `sum_c q_c e_c`; a rotation spreads every
     channel's error evenly over all channels. rho < 1 says the keys' large channels are the ones
     the queries read least: unrotated, their error lands where the queries barely look; rotated, it
     lands on the channels they do read. On gemma-3-270m log(rho) tracks the measured ratio of
-    query-weighted key error rotated / unrotated with correlation -0.94 (18 layers, Emma).
-    Projection biases are ignored.
+    query-weighted key error rotated / unrotated with correlation -0.94 (18 layers, Emma). On
+    Qwen2.5-Coder-0.5B (large q/k biases: the key bias carries up to 10^4 times the weights'
+    energy in layer 0) the biases move 20 of its 48 heads below 1, where the weights alone kept all
+    but two above (benches/results/quality_hybrid.md, "A third model").
 
     Raises:
         ValueError: the model's layers do not expose `self_attn.{q_proj,k_proj}` and an
@@ -566,6 +574,7 @@ def qk_channel_alignment(model: torch.nn.Module) -> list[list[float]]:
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no decoder `layers`: the key-rotation rule reads "
                          "self_attn.q_proj / k_proj of each layer")
+    theta = rope_theta_of(cfg)
     out = []
     for i, layer in enumerate(layers):
         attn = getattr(layer, "self_attn", None)
@@ -576,26 +585,61 @@ def qk_channel_alignment(model: torch.nn.Module) -> list[list[float]]:
             ln = _norm_gain(layer.input_layernorm, layer.input_layernorm.weight.shape[-1])
             gains = {name: _norm_gain(getattr(attn, name), d) for name in ("q_norm", "k_norm") if getattr(attn, name, None) is not None}
         out.append(head_alignment(attn.q_proj.weight, attn.k_proj.weight, ln, num_kv_heads=h, head_dim=d,
-                                  q_norm_gain=gains.get("q_norm"), k_norm_gain=gains.get("k_norm")))
+                                  q_norm_gain=gains.get("q_norm"), k_norm_gain=gains.get("k_norm"),
+                                  q_bias=getattr(attn.q_proj, "bias", None), k_bias=getattr(attn.k_proj, "bias", None),
+                                  rope_theta=theta, k_group=k_group))
     return out
 
 
+def rope_theta_of(config: object) -> float | None:
+    """The RoPE base of a transformers config (``rope_theta``, or ``rope_parameters["rope_theta"]``)."""
+    theta = getattr(config, "rope_theta", None)
+    params = getattr(config, "rope_parameters", None)
+    if theta is None and isinstance(params, dict):
+        theta = params.get("rope_theta")
+        if theta is None and params and all(isinstance(v, dict) for v in params.values()):  # per layer type
+            theta = next((v.get("rope_theta") for v in params.values() if v.get("rope_theta")), None)
+    return float(theta) if theta else None
+
+
+def bias_variation(head_dim: int, rope_theta: float | None, k_group: int) -> torch.Tensor:
+    """``[D/2]``: the share of a constant pre-RoPE bias's energy in pair j that varies within a key
+    group of ``k_group`` tokens, ``1 - sinc^2(k_group * theta_j / 2)`` (1 everywhere when the RoPE
+    base is unknown: the whole bias counts)."""
+    if rope_theta is None:
+        return torch.ones(head_dim // 2)
+    theta = float(rope_theta) ** (-torch.arange(0, head_dim // 2, dtype=torch.float64) * 2 / head_dim)
+    w = k_group * theta / 2
+    return (1 - (torch.sin(w) / w) ** 2).float()
+
+
 def head_alignment(w_q: torch.Tensor, w_k: torch.Tensor, input_gain: torch.Tensor, *, num_kv_heads: int, head_dim: int,
-                   q_norm_gain: torch.Tensor | None = None, k_norm_gain: torch.Tensor | None = None) -> list[float]:
+                   q_norm_gain: torch.Tensor | None = None, k_norm_gain: torch.Tensor | None = None,
+                   q_bias: torch.Tensor | None = None, k_bias: torch.Tensor | None = None,
+                   rope_theta: float | None = None, k_group: int = 32) -> list[float]:
     """One layer's `qk_channel_alignment`, one rho per KV head, from its query / key projection
-    weights ``[Hq * D, hidden]`` / ``[H * D, hidden]`` (heads in order), the input norm's
-    per-channel gain ``[hidden]`` and the q/k RMSNorm gains ``[D]`` when the model has them. Any
-    module layout (separate or fused projections, a tensor-parallel shard of whole heads) reduces
-    to these."""
+    weights ``[Hq * D, hidden]`` / ``[H * D, hidden]`` (heads in order) and biases ``[Hq * D]`` /
+    ``[H * D]`` when it has them, the input norm's per-channel gain ``[hidden]``, the q/k RMSNorm
+    gains ``[D]`` when the model has them, the RoPE base and the key group size (`bias_variation`).
+    Any module layout (separate or fused projections, a tensor-parallel shard of whole heads)
+    reduces to these."""
     h, d = num_kv_heads, head_dim
     hq = w_q.shape[0] // d
     if w_q.shape[0] != hq * d or w_k.shape[0] != h * d or hq % h or w_q.shape[1] != input_gain.shape[0] or w_k.shape[1] != input_gain.shape[0]:
         raise ValueError(f"q/k projections {tuple(w_q.shape)} / {tuple(w_k.shape)} do not make whole heads of "
                          f"{d} channels ({h} KV heads) over {input_gain.shape[0]} inputs")
+    for name, b, rows in (("q", q_bias, hq * d), ("k", k_bias, h * d)):
+        if b is not None and b.numel() != rows:
+            raise ValueError(f"the {name} projection's bias has {b.numel()} entries, its weight {rows} rows")
     with torch.no_grad():
         ln = input_gain.float()
         ek = (w_k.float() * ln[None]).pow(2).sum(-1).reshape(h, d)
         eq = (w_q.float() * ln[None]).pow(2).sum(-1).reshape(hq, d)
+        if k_bias is not None:
+            f = bias_variation(d, rope_theta, k_group).to(ek.device)
+            ek = ek + k_bias.float().reshape(h, d).pow(2) * torch.cat((f, f))[None]
+        if q_bias is not None:
+            eq = eq + q_bias.float().reshape(hq, d).pow(2)
         for e, gain in ((ek, k_norm_gain), (eq, q_norm_gain)):
             if gain is not None:
                 e.copy_(e / e.mean(-1, keepdim=True) * gain.float().pow(2)[None])
@@ -621,7 +665,7 @@ def key_rotation_plan(model: torch.nn.Module, cfg: OscarConfig) -> list[tuple[bo
         hq = int(cfg_text.num_attention_heads)
         h = int(getattr(cfg_text, "num_key_value_heads", None) or hq)
         return [(cfg.rotation,) * h for _ in range(int(cfg_text.num_hidden_layers))]
-    return plan_from_alignment(qk_channel_alignment(model), cfg)
+    return plan_from_alignment(qk_channel_alignment(model, cfg.k_group), cfg)
 
 
 def plan_from_alignment(rho: list[list[float]], cfg: OscarConfig) -> list[tuple[bool, ...]]:

@@ -1,8 +1,8 @@
 """The key-rotation rule on the server: `reference.key_rotation_plan` computed from the weights
 SGLang loaded on this rank (docs/OSCAR.md §7).
 
-The rule needs, per decoder layer, the query and key projection rows, the input norm's gains and
-the q/k RMSNorm gains when the model has them (`reference.head_alignment`). SGLang's attention
+The rule needs, per decoder layer, the query and key projection rows and biases, the input norm's
+gains, the q/k RMSNorm gains when the model has them and the RoPE base (`reference.head_alignment`). SGLang's attention
 modules fuse the projections (`qkv_proj`, rows ``[q | k | v]`` of this rank's heads) or keep them
 apart (`q_proj`, `k_proj`); a tensor-parallel rank holds whole heads, so its shard gives the rule
 for exactly the KV heads its pool stores. Gains are read as the norm module's own output for an
@@ -45,9 +45,11 @@ def _norm_gain(norm: Any, dim: int, where: str) -> torch.Tensor:
     return out.reshape(-1).float()
 
 
-def _projections(attn: Any, head_dim: int, num_kv_heads: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _projections(attn: Any, head_dim: int, num_kv_heads: int, where: str) -> tuple[torch.Tensor, ...]:
+    """``(w_q, w_k, b_q, b_k)`` of this rank's heads (biases None when the projection has none)."""
     if hasattr(attn, "qkv_proj"):
         w = getattr(attn.qkv_proj, "weight", None)
+        b = getattr(attn.qkv_proj, "bias", None)
         q_size = getattr(attn, "q_size", None)
         kv_size = getattr(attn, "kv_size", num_kv_heads * head_dim)
         if q_size is None and hasattr(attn, "num_heads"):
@@ -55,8 +57,10 @@ def _projections(attn: Any, head_dim: int, num_kv_heads: int, where: str) -> tup
         if w is None or q_size is None:
             raise OscarConfigError(f"--oscar-key-rotation weights cannot split {where}.qkv_proj into q / k rows{_FIX}")
         wq, wk = w[:q_size], w[q_size:q_size + kv_size]
+        bq, bk = (None, None) if b is None else (b[:q_size], b[q_size:q_size + kv_size])
     elif hasattr(attn, "q_proj") and hasattr(attn, "k_proj"):
         wq, wk = getattr(attn.q_proj, "weight", None), getattr(attn.k_proj, "weight", None)
+        bq, bk = getattr(attn.q_proj, "bias", None), getattr(attn.k_proj, "bias", None)
         if wq is None or wk is None:
             raise OscarConfigError(f"--oscar-key-rotation weights finds no q_proj / k_proj weight in {where}{_FIX}")
     else:
@@ -66,7 +70,18 @@ def _projections(attn: Any, head_dim: int, num_kv_heads: int, where: str) -> tup
         if not torch.is_floating_point(t) or t.element_size() < 2:
             raise OscarConfigError(f"--oscar-key-rotation weights reads the {name} projection of {where}, stored as "
                                    f"{t.dtype} (a quantized checkpoint){_FIX}")
-    return wq, wk
+    return wq, wk, bq, bk
+
+
+def _rope_theta(model: Any, attn: Any) -> float | None:
+    """The RoPE base: the attention module's rotary embedding's, else the model config's."""
+    base = getattr(getattr(attn, "rotary_emb", None), "base", None)
+    if base:
+        return float(base)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    return ref.rope_theta_of(config) if config is not None else None
 
 
 def key_rotation_plan_from_sglang(model: Any, cfg: OscarConfig, *, start_layer: int, num_layers: int, num_kv_heads: int,
@@ -94,13 +109,14 @@ def key_rotation_plan_from_sglang(model: Any, cfg: OscarConfig, *, start_layer: 
         if attn is None or norm is None:
             raise OscarConfigError(f"--oscar-key-rotation weights reads self_attn and input_layernorm; {where} "
                                    f"({type(layer).__name__}) lacks one{_FIX}")
-        wq, wk = _projections(attn, head_dim, num_kv_heads, f"{where} self_attn")
+        wq, wk, bq, bk = _projections(attn, head_dim, num_kv_heads, f"{where} self_attn")
         gains = {name: _norm_gain(getattr(attn, name), head_dim, f"{where} self_attn.{name}")
                  for name in ("q_norm", "k_norm") if getattr(attn, name, None) is not None}
         try:
             rho.append(ref.head_alignment(wq, wk, _norm_gain(norm, wq.shape[1], f"{where} input_layernorm"),
                                           num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                          q_norm_gain=gains.get("q_norm"), k_norm_gain=gains.get("k_norm")))
+                                          q_norm_gain=gains.get("q_norm"), k_norm_gain=gains.get("k_norm"),
+                                          q_bias=bq, k_bias=bk, rope_theta=_rope_theta(model, attn), k_group=cfg.k_group))
         except ValueError as e:
             raise OscarConfigError(f"--oscar-key-rotation weights: {where}: {e}{_FIX}") from None
     return ref.plan_from_alignment(rho, cfg), rho
