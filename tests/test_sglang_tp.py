@@ -114,3 +114,28 @@ def test_tp3_equals_tp1_head_scope(model_path):
     assert max(gaps) < LOGPROB_TOL, gaps
     # The prompts tell the two scopes apart, so the equality above says which scope TP = 3 computes.
     assert any(scope_gaps), "layer and head scopes agree on every prompt: the test would not see a wrong scope"
+
+
+def test_tp3_each_rank_computes_the_key_rotation_plan_of_its_heads(model_path):
+    """Under TP every rank computes the key-rotation rule from its own shard of the weights: its
+    plan is its heads' column of the global plan (`reference.key_rotation_plan` of the whole
+    model), reported per rank on /metrics and for rank 0 in /server_info. As with the `layer` norm
+    scope, a layer is stored as KIVI on a rank when none of that rank's heads is rotated (docs/OSCAR.md
+    §7). At threshold 1.1 SmolLM2 rotates 40 of its 90 (layer, head) keys."""
+    from oscar_sgl import OscarConfig
+    from oscar_sgl import model as models
+    from oscar_sgl import reference as ref
+
+    tau = 1.1
+    outs, info, metrics, log = _run(model_path, "--tp-size", "3", "--enable-metrics",
+                                    "--oscar-key-rotation-min-alignment", str(tau), startup_timeout=480)
+    model, _ = models.load(model_path)
+    plan = ref.key_rotation_plan(model, OscarConfig(k_group=16, key_rotation_min_alignment=tau))
+    assert 0 < sum(map(sum, plan)) < 90
+    assert info["key_rotation"]["plan"] == [[int(row[0])] for row in plan], info["key_rotation"]
+    assert info["key_rotation"]["kivi_layers"] == [i for i, row in enumerate(plan) if not row[0]]
+    for rank in range(3):
+        line = f'oscar:key_rotated_heads{{tp_rank="{rank}"}} {float(sum(row[rank] for row in plan))}'
+        assert line in metrics, (line, [m for m in metrics.splitlines() if m.startswith("oscar:key")])
+    assert all(ids for ids, _, _ in outs) and info["seals_total"] > 0, info
+    assert "oscar_sgl/" not in log, log[-3000:]

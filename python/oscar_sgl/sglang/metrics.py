@@ -10,8 +10,10 @@ Gauges (multiprocess mode "mostrecent", like SGLang's own), each labelled `tp_ra
 tensor-parallel rank has its own pool, runtime and token scales): `oscar:kv_bytes_per_token`,
 `oscar:bf16_bytes_per_token`, `oscar:compression_ratio`, `oscar:pages{state=sealed|open|free}`,
 `oscar:seals_per_step`, `oscar:seals_total`, `oscar:staging_pages_in_use`, `oscar:staging_pages_total`,
-`oscar:kv_heads` (this rank's KV heads) and `oscar:token_scale_columns` (fp32 token scales per token
-and layer on this rank: 1 for the `layer` scope, one per KV head for `head`).
+`oscar:kv_heads` (this rank's KV heads), `oscar:token_scale_columns` (fp32 token scales per token
+and layer on this rank: 1 for the `layer` scope, one per KV head for `head`) and
+`oscar:key_rotated_heads` (the (layer, KV head) pairs of this rank whose keys its key-rotation plan
+rotates; `/server_info` has the plan itself, `key_rotation`).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class PrometheusGauges:
         self.staging_total = g("oscar:staging_pages_total", "BF16 staging pages allocated.")
         self.heads = g("oscar:kv_heads", "KV heads in this rank's pool.")
         self.scale_cols = g("oscar:token_scale_columns", "fp32 token scales per token and layer on this rank.")
+        self.rotated = g("oscar:key_rotated_heads", "(layer, KV head) pairs of this rank whose keys are rotated.")
 
     def update(self, s: dict[str, Any]) -> None:
         """Set every gauge from a `snapshot`."""
@@ -119,3 +122,4 @@ class PrometheusGauges:
         self.staging_total.labels(tp_rank=r).set(s["staging_pages_total"])
         self.heads.labels(tp_rank=r).set(s["kv_heads"])
         self.scale_cols.labels(tp_rank=r).set(s["token_scale_columns"])
+        self.rotated.labels(tp_rank=r).set(s["key_rotation"]["rotated_heads"])
