@@ -208,6 +208,9 @@ def test_server_flags_parse_with_sglangs_own_parser(kv, bits, graphs):
     assert a.kv_cache == kv and a.disable_decode_cuda_graph == (kv == "default" and not graphs)
     if kv == "oscar":
         assert a.oscar_bits == bits and a.oscar_cuda_graph == graphs
+        assert a.oscar_key_rotation == "all"  # dummy weights: the per-head rule would read noise
+        trained = p.parse_args(serve.server_args("/m", kv_cache=kv, bits=bits, cuda_graph=graphs, dummy=False))
+        assert trained.oscar_key_rotation is None  # trained weights: the server's default rule
     else:
         assert a.attention_backend == "triton"
     with pytest.raises(ValueError, match="kv_cache"):

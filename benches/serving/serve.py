@@ -78,7 +78,9 @@ def server_args(model_dir: str, *, kv_cache: str, bits: int = 16, cuda_graph: bo
                 mem_fraction: float = 0.5, dummy: bool = True, extra: tuple[str, ...] = ()) -> list[str]:
     """The flags of one run. Common to both formats: the same memory fraction, sampling and grammar
     backends, no prefill CUDA graphs (`--kv-cache oscar` turns them off; the BF16 baseline follows so
-    both capture the same decode graphs), cache reports and metrics."""
+    both capture the same decode graphs), cache reports and metrics. With dummy weights OScaR runs
+    `--oscar-key-rotation all` (the per-head rule reads trained weights; on random ones it would pick
+    an arbitrary plan)."""
     a = ["--model-path", model_dir, "--mem-fraction-static", str(mem_fraction), "--sampling-backend", "pytorch",
          "--grammar-backend", "none", "--disable-prefill-cuda-graph", "--enable-cache-report",
          "--decode-log-interval", "10"]
@@ -90,6 +92,8 @@ def server_args(model_dir: str, *, kv_cache: str, bits: int = 16, cuda_graph: bo
             a += ["--disable-decode-cuda-graph"]
     elif kv_cache == "oscar":
         a += ["--kv-cache", "oscar", "--oscar-bits", str(bits)]
+        if dummy:  # the key-rotation rule on random weights describes no model: every head rotated
+            a += ["--oscar-key-rotation", "all"]
         if cuda_graph:
             a += ["--oscar-cuda-graph"]
     else:
