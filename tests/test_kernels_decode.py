@@ -258,6 +258,35 @@ def test_decode_with_a_per_head_key_rotation_plan(bits, group, flags, nan_empty)
         assert rel_rms(wrong, outs[1]) > 0.05
 
 
+@pytest.mark.parametrize("bits,d,group,p,splits", [(2, 64, 4, 32, 2), (4, 64, 3, 64, 3), (2, 256, 2, 32, 2)])
+def test_decode_sliding_window(bits, d, group, p, splits, nan_empty):
+    """A sliding-window layer (``window_left``): the query at position n - 1 sees positions
+    n - 1 - window_left .. n - 1 only. Windows inside the open page, across sealed pages, on a tile
+    boundary and past the start; the transposed (head_dim 64) and plain (256) forms; a request
+    whose last page is sealed (the packed last-page path); and the same launch without the window
+    is another answer."""
+    h = 2 if d < 256 else 1
+    cfg = OscarConfig(bits=bits, page_size=p)
+    lens = [1, p - 1, 3 * p, 2 * p + 3, 4 * p + 5]
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed={2}, seed=7 * bits + d)
+    q = torch.randn(len(lens), h * group, d).bfloat16().to(DEVICE)
+    full = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=splits))
+    for window in (0, 5, p - 1, p + 7, 2 * p, 10 * p):
+        out = torch.full(q.shape, float("nan"), device=DEVICE)
+        _decode(pool, q, out=out, window_left=window, tune=dict(num_splits=splits))
+        want = reference_decode(pool, q, 1.0 / math.sqrt(d), window_left=window)
+        err = rel_rms(out, want)
+        assert err < ATTN_BOUND_FP32_OUT, f"window {window}: relative RMS {err:.2e}"
+        if window < 2 * p:
+            assert rel_rms(full[2:], out[2:]) > 0.05, f"window {window} changed nothing"
+        else:
+            assert rel_rms(full[:2], out[:2]) < 1e-6
+    with pytest.raises(ValueError, match="Gluon stage 1 .* no sliding window"):
+        _decode(pool, q, window_left=4, tune=dict(gluon=True))
+    with pytest.raises(TypeError, match="window_left must be an int"):
+        _decode(pool, q, window_left=4.0)
+
+
 def test_decode_refuses_bad_key_rotation_flags(nan_empty):
     cfg = OscarConfig(bits=2, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[40], seed=42)

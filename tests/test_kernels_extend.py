@@ -16,12 +16,12 @@ from oscar_sgl.kernels import oscar_extend_attention, oscar_write_kv
 
 
 def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False, tune=None, position=False, return_out=False,
-         host_indptr=False, key_rotated=None):
+         host_indptr=False, key_rotated=None, window_left=None):
     """cases: (prefix_len, new_tokens) per request. ``tune``: fields of the launcher's default
     ``_ExtendTuning`` to override (``block_m``, ``num_warps``, ``dequantize``). Returns the relative
     RMS error against the reference, with ``return_out`` ``(output, error)``. ``host_indptr``: pass
     ``kv_indptr_host`` as the server does. ``key_rotated``: the layer's key-rotation flags
-    (``build_pool``).
+    (``build_pool``). ``window_left``: a sliding-window layer's window.
 
     ``position=False`` (``--oscar-prefill exact``): the pool holds the prefix (full pages sealed, a
     partial last page in staging); the new tokens come from the step's own k/v.
@@ -66,7 +66,7 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
         prefix_lens=torch.tensor([pre for pre, _ in cases], dtype=torch.int32, device=device),
         sm_scale=sm, q_rot=q_rot, out=out, position=position, _tuning=tuning,
-        kv_indptr_host=pool.kv_indptr.tolist() if host_indptr else None,
+        kv_indptr_host=pool.kv_indptr.tolist() if host_indptr else None, window_left=window_left,
     )  # fmt: skip
     refs = []
     for b, (pre, n) in enumerate(cases):
@@ -82,7 +82,8 @@ def _run(cfg, *, h, group, d, p, cases, device=DEVICE, seed=0, use_write_q=False
         k_exact = torch.cat((k_open, ks[b].float().transpose(0, 1)), dim=1)
         v_exact = torch.cat((v_open, vs[b].float().transpose(0, 1)), dim=1)
         refs.append(R.extend_attention(qs[b].float(), kbs, vbs, k_exact, v_exact, cfg, sm,
-                                       exact_from=pre // p * p, sealed_until=until, key_rotated=key_rotated))
+                                       exact_from=pre // p * p, sealed_until=until, key_rotated=key_rotated,
+                                       window_left=window_left))
     err = rel_rms(out, torch.cat(refs))
     return (out, err) if return_out else err
 
@@ -112,6 +113,29 @@ def test_extend_with_a_per_head_key_rotation_plan(flags, dequantize, position):
         err = _run(cfg, h=2, group=3, d=64, p=32, cases=cases, seed=50 + sum(flags), position=position,
                    tune=dict(dequantize=dequantize), key_rotated=flags, use_write_q=use_write_q and not position)
         assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e} (write launch rotates q: {use_write_q})"
+
+
+@pytest.mark.parametrize("position", [True, False])
+@pytest.mark.parametrize("dequantize,d,group", [(True, 64, 3), (False, 64, 4), (None, 256, 2)])
+def test_extend_sliding_window(position, dequantize, d, group):
+    """A sliding-window layer (``window_left``): row x sees positions x - window_left .. x only, in
+    the sealed pages (pre-dequantized or in registers; pages below every row's window are neither
+    dequantized nor read), the open page's staged tokens and the step's own tokens. Windows smaller
+    than a page, across pages, on a tile boundary, longer than every sequence; and the window
+    changes the answer."""
+    p = 32
+    cfg = OscarConfig(bits=2, page_size=p)
+    cases = [(0, 2 * p + 5), (3 * p + 13, 40), (2 * p, 9), (p + 3, 1), (5, p)]
+    kw = dict(h=1 if d == 256 else 2, group=group, d=d, p=p, cases=cases, seed=60 + d, position=position,
+              tune=dict(dequantize=dequantize), return_out=True)
+    full, _ = _run(cfg, **kw)
+    for window in (0, 7, p + 5, 2 * p, 10 * p):
+        out, err = _run(cfg, **kw, window_left=window)
+        assert err < ATTN_BOUND_FP32_OUT, f"window {window}: relative RMS {err:.2e}"
+        if window < 2 * p:
+            assert rel_rms(out, full) > 0.05, f"window {window} changed nothing"
+        else:
+            assert window < 10 * p or rel_rms(out, full) < 1e-6
 
 
 def test_extend_by_position_row_boundaries_inside_one_program():

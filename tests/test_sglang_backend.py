@@ -26,10 +26,10 @@ H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
 CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
 
 
-def _setup(max_tokens=256, prefill="position", plan=None):
+def _setup(max_tokens=256, prefill="position", plan=None, window=-1):
     """The stack over a pool whose key-rotation plan is ``plan`` (default: every head's keys
     rotated; the backend computes it from the weights only when none is installed, and these
-    runners hold no model)."""
+    runners hold no model). ``window``: the layers' sliding window (SGLang's -1: none)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -42,7 +42,7 @@ def _setup(max_tokens=256, prefill="position", plan=None):
     r2t = ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
     runner = SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool)
     backend = create_oscar_backend(runner)
-    layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
+    layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i, sliding_window_size=window) for i in range(LAYERS)]
     return pool, alloc, r2t, backend, layers
 
 
@@ -56,16 +56,17 @@ def _batch(row, slots, prefix, seq):
 PLANS = {"all": None, "mixed+kivi": [(True, False), (False, False)]}  # per layer, one flag per KV head
 
 
-@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("plan,window", [("all", -1), ("mixed+kivi", -1), ("all", 20)])
 @pytest.mark.parametrize("mode", ["position", "exact"])
 @pytest.mark.parametrize("prefill", [37, 32, 5])
-def test_extend_then_decode_equals_reference(prefill, mode, plan):
-    """``plan`` "mixed+kivi": layer 0 rotates head 0's keys only, layer 1 none (stored as KIVI)."""
-    if plan != "all" and prefill == 32:
-        pytest.skip("the key-rotation plan is covered at prefill 37 and 5")
+def test_extend_then_decode_equals_reference(prefill, mode, plan, window):
+    """``plan`` "mixed+kivi": layer 0 rotates head 0's keys only, layer 1 none (stored as KIVI).
+    ``window`` 20: sliding-window layers (a query at x sees x - 20 .. x)."""
+    if (plan != "all" or window >= 0) and prefill == 32:
+        pytest.skip("the key-rotation plan and the window are covered at prefill 37 and 5")
     torch.manual_seed(prefill)
     flags = PLANS[plan]
-    pool, alloc, r2t, backend, layers = _setup(prefill=mode, plan=flags)
+    pool, alloc, r2t, backend, layers = _setup(prefill=mode, plan=flags, window=window)
     total = prefill + 20
     slots = torch.zeros(total, dtype=torch.int64)
     k_all = torch.randn(LAYERS, H, total, D) * torch.linspace(0.5, 4, total)[None, None, :, None]
@@ -96,7 +97,7 @@ def test_extend_then_decode_equals_reference(prefill, mode, plan):
             o = fwd(q, k, v, layer, fb).reshape(seq - prefix, HQ, D)
             for i, pos in enumerate(range(prefix, seq)):
                 want = query_reference(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode, CFG, D ** -0.5,
-                                       key_rotated=flags[li] if flags else None)
+                                       key_rotated=flags[li] if flags else None, window_left=window)
                 torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
 
     step(0, prefill, decode=False)  # a fresh prompt (exact attention with `exact`)

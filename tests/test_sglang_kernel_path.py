@@ -32,7 +32,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
 
 
 def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype, direct_seals: bool = True,
-           tokens: int = 128, prefill: str = "position", plan: list | None = None):
+           tokens: int = 128, prefill: str = "position", plan: list | None = None, window: int = -1):
     """``plan``: the pool's key-rotation plan (default every head's keys rotated: these runners hold
     no model for the backend to compute it from)."""
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -47,7 +47,7 @@ def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype,
     alloc = OscarPagedAllocator(tokens, P, dtype, device, pool, False, step=pool.oscar_step)
     r2t = ReqToTokenPool(size=4, max_context_len=tokens, device=device, enable_memory_saver=False)
     backend = create_oscar_backend(SimpleNamespace(device=device, req_to_token_pool=r2t, token_to_kv_pool=pool))
-    layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i) for i in range(LAYERS)]
+    layers = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=i, sliding_window_size=window) for i in range(LAYERS)]
     return SimpleNamespace(pool=pool, alloc=alloc, r2t=r2t, backend=backend, layers=layers, captured=False)
 
 
@@ -99,12 +99,14 @@ def _run(st, k_all, v_all, q_all, steps, graph=False):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bits,scope,prefill,plan", [(2, "layer", "position", None), (4, "head", "position", None),
-                                                     (2, "layer", "exact", None), (2, "layer", "position", [(False, True)]),
-                                                     (4, "layer", "exact", [(False, False)])])
-def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, device):
+@pytest.mark.parametrize("bits,scope,prefill,plan,window", [
+    (2, "layer", "position", None, -1), (4, "head", "position", None, -1), (2, "layer", "exact", None, -1),
+    (2, "layer", "position", [(False, True)], -1), (4, "layer", "exact", [(False, False)], -1),
+    (2, "layer", "position", None, 19), (2, "layer", "exact", None, 40)])
+def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, window, device):
     """Both paths give the same outputs and nearly the same codes; also with a key-rotation plan
-    (``plan``: one KV head's keys rotated, or none: the layer stored as KIVI)."""
+    (``plan``: one KV head's keys rotated, or none: the layer stored as KIVI), and on a
+    sliding-window layer (``window``: a query at x sees x - window .. x)."""
     torch.manual_seed(bits)
     # The model's dtype: fp32 on CPU (the interpreter), bf16 on CUDA (what the kernels take there).
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -119,7 +121,7 @@ def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, device):
     # that fills at position 63 is read from staging in that step and as codes from the next on).
     steps = [(False, [0, 0], [41, 7]), (False, [41, 7], [62, 19])]
     steps += [(True, [62 + i, 19 + i], [63 + i, 20 + i]) for i in range(3)]
-    ref_st, ker_st = (_stack(cfg, use, device, dtype, prefill=prefill, plan=plan) for use in (False, True))
+    ref_st, ker_st = (_stack(cfg, use, device, dtype, prefill=prefill, plan=plan, window=window) for use in (False, True))
     assert not ref_st.pool.use_kernels and ker_st.pool.use_kernels
     ref_out, ref_slots = _run(ref_st, k_all, v_all, q_all, steps)
     ker_out, ker_slots = _run(ker_st, k_all, v_all, q_all, steps)

@@ -273,10 +273,32 @@ def test_model_checks(tmp_path):
         _check(mc, tp=2)
     with pytest.raises(OscarConfigError, match="MLA"):
         _check(mc, use_mla=True)
-    with pytest.raises(OscarConfigError, match="sliding-window"):
+    with pytest.raises(OscarConfigError, match="sliding-window layers need --disable-hybrid-swa-memory with "
+                       "--kv-cache oscar"):
         _check(mc, is_hybrid_swa=True)
     with pytest.raises(OscarConfigError, match="linear-attention"):
         _check(mc, is_hybrid_linear=True)
+
+
+def test_attention_layer_checks():
+    """SGLang's own `RadixAttention` layers: causal decoder attention with or without a sliding
+    window is served; logit soft-capping and non-causal attention are refused, naming the layer."""
+    from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
+
+    from oscar_sgl.sglang.backend import window_of
+    from oscar_sgl.supported import check_attention_layer
+
+    full = RadixAttention(4, 64, 0.125, 2, layer_id=0)
+    sliding = RadixAttention(4, 64, 0.125, 2, layer_id=1, sliding_window_size=511)
+    for layer in (full, sliding):
+        check_attention_layer(layer)
+    assert window_of(full) is None and window_of(sliding) == 511
+    with pytest.raises(OscarConfigError, match="must not soft-cap its logits with --kv-cache oscar, got "
+                       "logit_cap=50.0 at layer 3"):
+        check_attention_layer(RadixAttention(4, 64, 0.125, 2, layer_id=3, logit_cap=50.0))
+    with pytest.raises(OscarConfigError, match="must be causal decoder attention with --kv-cache oscar, got "
+                       "'encoder_only' at layer 2"):
+        check_attention_layer(RadixAttention(4, 64, 0.125, 2, layer_id=2, attn_type=AttentionType.ENCODER_ONLY))
 
 
 def test_model_head_dim_not_pow2(tmp_path):

@@ -58,6 +58,20 @@ def check_fp32_buffer(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> Non
         raise ValueError(f"{name} must be contiguous fp32 {list(shape)}, got {t.dtype} {tuple(t.shape)}")
 
 
+def check_window(window_left: int | None) -> int | None:
+    """A launch's sliding window (SGLang's ``RadixAttention.sliding_window_size``): None or a
+    negative int (SGLang's -1) is no window; otherwise an int below 2^31 (a kernel argument)."""
+    if window_left is None:
+        return None
+    if isinstance(window_left, bool) or not isinstance(window_left, int):
+        raise TypeError(f"window_left must be an int or None, got {type(window_left).__name__}")
+    if window_left < 0:
+        return None
+    if window_left >= 2**31:
+        raise ValueError(f"window_left must be below 2^31, got {window_left}")
+    return window_left
+
+
 def check_sealed_tile(block_n: int, *, page_size: int, k_group: int) -> None:
     """A sealed-page tile of ``block_n`` tokens (a tuning choice): whole MMA tiles, whole tiles per
     page, and key groups that nest with the tile (one group spans whole tiles or the reverse)."""
@@ -675,7 +689,7 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
 @triton.jit
 def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.constexpr, BITS: tl.constexpr,
                G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr,
-               row_ok=None):
+               row_ok=None, kv_ok=None):
     """One online-softmax step over a sealed tile given its stored bytes (``tile_raw``): keys and
     values dequantized in registers (fp16, one rounding), logits ``s_t * <q, k_bar> * sm_scale``
     (base 2).
@@ -688,7 +702,9 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     ``[D, G]``, ``m_i`` / ``l_i`` ``[G]``.
 
     ``row_ok`` (``[M]`` bool, rows only): the rows that see this tile (the others keep their state;
-    extend's per-row sealed boundary). A row that has seen nothing yet stays empty, never NaN."""
+    extend's per-row sealed boundary). ``kv_ok``: the (row, token) pairs that may attend (a sliding
+    window): ``[BLOCK_N]`` tokens with ``TRANS`` (the caller guarantees one of them, the tile's
+    last), ``[M or 1, BLOCK_N]`` otherwise. A row that has seen nothing yet stays empty, never NaN."""
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
@@ -699,6 +715,8 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     b_st = st * sm_scale_log2
     if TRANS:
         b_s = tl.dot(b_k, q) * b_st[:, None]
+        if kv_ok is not None:
+            b_s = tl.where(kv_ok[:, None], b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, axis=0))
         alpha = tl.exp2(m_i - m_new)
         b_p = tl.exp2(b_s - m_new[None, :])
@@ -707,21 +725,26 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
         acc = acc * alpha[None, :] + tl.dot(v_t, b_p.to(tl.float16))
     else:
         b_s = tl.dot(q, tl.trans(b_k)) * b_st[None, :]
-        m_new, l_i, alpha, b_p = softmax_rows(b_s, m_i, l_i, row_ok)
+        m_new, l_i, alpha, b_p = softmax_rows(b_s, m_i, l_i, row_ok, kv_ok)
         b_v = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, False)
         acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
     return m_new, l_i, acc
 
 
 @triton.jit
-def softmax_rows(b_s, m_i, l_i, row_ok=None):
+def softmax_rows(b_s, m_i, l_i, row_ok=None, kv_ok=None):
     """The online-softmax update of rows ``[M]`` for the base-2 logits ``b_s`` ``[M, N]`` of one
     tile: ``(m_new, l_i, alpha, p)``, the caller then scales its accumulator by ``alpha`` and adds
-    ``p . V``. ``row_ok``: as in ``attend_raw``."""
+    ``p . V``. ``row_ok``, ``kv_ok``: as in ``attend_raw``."""
     if row_ok is not None:
         b_s = tl.where(row_ok[:, None], b_s, float("-inf"))
+    if kv_ok is not None:
+        b_s = tl.where(kv_ok, b_s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
-    m_ref = safe_max(m_new, row_ok)
+    if kv_ok is not None:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = safe_max(m_new, row_ok)
     alpha = tl.exp2(m_i - m_ref)
     b_p = tl.exp2(b_s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(b_p, axis=1)
@@ -741,18 +764,18 @@ def safe_max(m_new, row_ok=None):
 @triton.jit
 def sealed_tile(q, page, t0, i_h, s_col, m_i, l_i, acc, pool, sm_scale_log2, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
                 P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
-                USE_ASM: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None):
+                USE_ASM: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None, kv_ok=None):
     """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against the queries
-    ``q``: ``tile_raw`` then ``attend_raw`` (shapes and ``row_ok`` there). The loads are plain
+    ``q``: ``tile_raw`` then ``attend_raw`` (shapes, ``row_ok`` and ``kv_ok`` there). The loads are plain
     blocks, which Triton's software pipeliner prefetches when the caller's loop allows it."""
     kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, pool, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
     return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
-                      row_ok)
+                      row_ok, kv_ok)
 
 
 @triton.jit
 def dequantized_tile(q, row0, st, m_i, l_i, acc, sk_ptr, sv_ptr, sm_scale_log2, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                     row_ok=None):
+                     row_ok=None, kv_ok=None):
     """``attend_raw`` (rows) over a sealed tile that ``dequantize_tiles`` already wrote out:
     fp16 keys ``[BLOCK_N, D]`` (``channel_of`` order) and values (channel order) at scratch rows
     ``[row0, row0 + BLOCK_N)`` of ``sk_ptr`` / ``sv_ptr``, s_t ``st`` ``[BLOCK_N]``. The same fp16
@@ -762,7 +785,7 @@ def dequantized_tile(q, row0, st, m_i, l_i, acc, sk_ptr, sv_ptr, sm_scale_log2, 
     o_d = tl.arange(0, D)
     b_k = tl.load(sk_ptr + o_n[:, None] * D + o_d[None, :])
     b_s = tl.dot(q, tl.trans(b_k)) * (st * sm_scale_log2)[None, :]
-    m_new, l_i, alpha, b_p = softmax_rows(b_s, m_i, l_i, row_ok)
+    m_new, l_i, alpha, b_p = softmax_rows(b_s, m_i, l_i, row_ok, kv_ok)
     b_v = tl.load(sv_ptr + o_n[:, None] * D + o_d[None, :])
     acc = acc * alpha[:, None] + tl.dot(b_p.to(tl.float16), b_v)
     return m_new, l_i, acc
@@ -792,18 +815,23 @@ def dequantize_tile(page, t0, i_h, row0, pool, sk_ptr, sv_ptr, H: tl.constexpr, 
 
 @triton.jit
 def staging_tile(qb, stg, i_h, t0, n_valid, m_i, l_i, acc, pool, sm_scale_log2, H: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BF16_DOT: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None):
+                 BLOCK_T: tl.constexpr, BF16_DOT: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None, kv_lo=None,
+                 row_lo=None):
     """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, read BF16 (rotated)
     from staging slot ``stg`` (the staging pages of the ``pool`` tuple), against bf16 rotated queries ``qb`` in channel order: ``[M, D]`` rows,
     or ``[D, G]`` columns with ``TRANS`` (shapes as in ``attend_raw``).
 
     ``BF16_DOT=False`` (interpreter) upcasts the operands to fp32 after a round-to-nearest bf16
     rounding: the interpreter's dot multiplies the raw bits of bf16 operands and its cast truncates.
-    ``row_ok`` (rows only): as in ``attend_raw``.
+    ``row_ok`` (rows only): as in ``attend_raw``. A sliding window: ``kv_lo``, the first token (of
+    the page) every row may see (the caller starts at its tile), or ``row_lo`` ``[M]`` (rows only),
+    each row's.
     """
     stg_k_ptr, stg_v_ptr = pool[5], pool[6]
     o_t = t0 + tl.arange(0, BLOCK_T)
     m_t = o_t < n_valid
+    if kv_lo is not None:
+        m_t = m_t & (o_t >= kv_lo)
     o_d = tl.arange(0, D)
     o_tok = (stg * H + i_h) * P + o_t
     b_k = tl.load(stg_k_ptr + o_tok[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
@@ -831,8 +859,13 @@ def staging_tile(qb, stg, i_h, t0, n_valid, m_i, l_i, acc, pool, sm_scale_log2, 
             b_s = tl.where(m_t[None, :] & row_ok[:, None], b_s * sm_scale_log2, float("-inf"))
         else:
             b_s = tl.where(m_t[None, :], b_s * sm_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
-        m_ref = safe_max(m_new, row_ok)
+        if row_lo is not None:
+            b_s = tl.where(o_t[None, :] >= row_lo[:, None], b_s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(b_s, axis=1))
+            m_ref = safe_max(m_new, row_ok)
         alpha = tl.exp2(m_i - m_ref)
         b_p = tl.exp2(b_s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(b_p, axis=1)

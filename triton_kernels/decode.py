@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from . import gluon_decode
-from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, fwht_rows,
+from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, check_window, fwht_rows,
                      interpreting, key_mask_arguments, key_rows_rotated, named_pool_arguments, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
                      use_asm, write_token)
 from .write import oscar_rotate_q, oscar_write_kv
@@ -87,13 +87,13 @@ def _decode_stage1_kernel(
     qrot_ptr, pool, kv_indptr_ptr, page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
     q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, counter_ptr, out_ptr, krot_ptr,
     strides,  # (q, new_k, new_v, out) x (request, head)
-    sm_scale_log2,
+    sm_scale_log2, window_left,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
     ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr, KEY_MASK: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
-    TRANS: tl.constexpr,
+    TRANS: tl.constexpr, WINDOW: tl.constexpr,
 ):
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -137,6 +137,12 @@ def _decode_stage1_kernel(
     seq_len = tl.load(seq_lens_ptr + i_b)
     kv_start = tl.load(kv_indptr_ptr + i_b).to(tl.int64)
     n_pages = tl.cdiv(seq_len, P)
+    # WINDOW (a sliding-window layer): the query sees positions lo .. seq_len - 1 only; the sealed
+    # tiles below lo's tile are skipped, and the tokens below lo of the tile holding it masked.
+    if WINDOW:
+        lo = tl.maximum(seq_len - 1 - window_left, 0)
+    else:
+        lo = 0
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -146,10 +152,11 @@ def _decode_stage1_kernel(
         acc = tl.zeros([BLOCK_H, D], tl.float32)
     o_q = (i_b * HQ + o_hq) * D
     if i_s < n_split:
-        # Sealed pages [0, n_pages - 1), split evenly by tiles of BLOCK_N tokens.
+        # Sealed pages [0, n_pages - 1) (from lo's tile on), split evenly by tiles of BLOCK_N tokens.
         n_tiles = (n_pages - 1) * TPP
-        per = tl.cdiv(n_tiles, n_split)
-        t_lo = i_s * per
+        t_first = lo // BLOCK_N
+        per = tl.cdiv(tl.maximum(n_tiles - t_first, 0), n_split)
+        t_lo = t_first + i_s * per
         t_hi = tl.minimum(t_lo + per, n_tiles)
         b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
         if TRANS:
@@ -167,37 +174,74 @@ def _decode_stage1_kernel(
                     page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi, pool,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N,
                 )  # fmt: skip
-                m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
-                                           D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)  # fmt: skip
+                if WINDOW:
+                    m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
+                                               D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
+                                               None, it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo)  # fmt: skip
+                else:
+                    m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
+                                               D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)  # fmt: skip
                 kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
                 page_n = page_nn
         else:
             for it in range(t_lo, t_hi):
                 page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
-                m_i, l_i, acc = sealed_tile(
-                    b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
-                    pool, sm_scale_log2,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
-                )  # fmt: skip
+                if WINDOW:
+                    m_i, l_i, acc = sealed_tile(
+                        b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
+                        pool, sm_scale_log2,
+                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
+                        None, (it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo)[None, :],
+                    )  # fmt: skip
+                else:
+                    m_i, l_i, acc = sealed_tile(
+                        b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
+                        pool, sm_scale_log2,
+                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
+                    )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
         stg = tl.load(pool[7] + page).to(tl.int64)
+        t_min = tl.maximum(lo - (n_pages - 1) * P, 0)  # the first token of the page in the window
         if stg >= 0:
             n_valid = seq_len - (n_pages - 1) * P
             b_qb = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
-            for t0 in tl.range(0, n_valid, BLOCK_T, num_stages=1):
-                m_i, l_i, acc = staging_tile(
-                    b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
-                    pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
-                )  # fmt: skip
+            if WINDOW:
+                for t0 in tl.range(t_min // BLOCK_T * BLOCK_T, n_valid, BLOCK_T, num_stages=1):
+                    m_i, l_i, acc = staging_tile(
+                        b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
+                        pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS, None, t_min,
+                    )  # fmt: skip
+            else:
+                for t0 in tl.range(0, n_valid, BLOCK_T, num_stages=1):
+                    m_i, l_i, acc = staging_tile(
+                        b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
+                        pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
+                    )  # fmt: skip
         else:
             b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
-            for t0 in tl.range(0, P, BLOCK_N, num_stages=1):
-                m_i, l_i, acc = sealed_tile(
-                    b_q, page, t0, i_h, s_col, m_i, l_i, acc,
-                    pool, sm_scale_log2,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
-                )  # fmt: skip
+            if WINDOW:
+                for t0 in tl.range(t_min // BLOCK_N * BLOCK_N, P, BLOCK_N, num_stages=1):
+                    if TRANS:
+                        m_i, l_i, acc = sealed_tile(
+                            b_q, page, t0, i_h, s_col, m_i, l_i, acc,
+                            pool, sm_scale_log2,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None, t0 + tl.arange(0, BLOCK_N) >= t_min,
+                        )  # fmt: skip
+                    else:
+                        m_i, l_i, acc = sealed_tile(
+                            b_q, page, t0, i_h, s_col, m_i, l_i, acc,
+                            pool, sm_scale_log2,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None,
+                            (t0 + tl.arange(0, BLOCK_N) >= t_min)[None, :],
+                        )  # fmt: skip
+            else:
+                for t0 in tl.range(0, P, BLOCK_N, num_stages=1):
+                    m_i, l_i, acc = sealed_tile(
+                        b_q, page, t0, i_h, s_col, m_i, l_i, acc,
+                        pool, sm_scale_log2,
+                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
+                    )  # fmt: skip
 
     # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
     has = l_i > 0.0
@@ -398,6 +442,7 @@ def oscar_decode_attention(
     staging_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     workspace: tuple[torch.Tensor, ...] | None = None,
+    window_left: int | None = None,
     _tuning: _DecodeTuning | None = None,
 ) -> torch.Tensor:
     """One decode step of attention over sealed INT2/INT4 pages plus each request's open BF16 page.
@@ -425,6 +470,10 @@ def oscar_decode_attention(
         out: ``[B, Hq, D]`` destination (dtype of q when allocated here).
         workspace: ``decode_workspace(..., decode_num_splits(...), ...)`` to reuse across calls (CUDA
             graphs); its size sets the split count. Allocated when None.
+        window_left: a sliding-window layer (SGLang's ``RadixAttention.sliding_window_size``): the
+            query at position ``seq_len - 1`` sees positions ``seq_len - 1 - window_left ..`` only,
+            the sealed tiles before them are skipped; None or negative: every position. A launch
+            argument, not a compile-time one (one compiled kernel serves every window).
         _tuning: tests and benchmarks only: a ``_DecodeTuning`` instead of ``_default_tuning``'s.
     Returns:
         ``out``, the attention output in the model's basis.
@@ -449,7 +498,11 @@ def oscar_decode_attention(
         check_fp32_buffer("q_rot", q_rot, (b, hq, d))
     tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
+    window = check_window(window_left)
     if tune.gluon:
+        if window is not None:
+            raise ValueError("the Gluon stage 1 (opt-in) has no sliding window: run a sliding-window layer "
+                             "(window_left) on the default Triton stage 1")
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
         gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones
@@ -504,11 +557,11 @@ def oscar_decode_attention(
         counter_ptr=counters, out_ptr=out,
         **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device, placeholder=seq_lens),
         strides=(q.stride(0), q.stride(1), *new_strides, out.stride(0), out.stride(1)),
-        sm_scale_log2=sm_scale * math.log2(math.e), **rotate, GROUP=group,
+        sm_scale_log2=sm_scale * math.log2(math.e), window_left=window if window is not None else 0, **rotate, GROUP=group,
         # how it runs (_DecodeTuning) and which fused parts it takes
         BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
-        ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed,
+        ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
         num_warps=tune.num_warps, num_stages=tune.num_stages,
         **options,
     )

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, dequantize_tile,
+from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_window, dequantize_tile,
                      dequantized_tile, fwht_rows, interpreting, pool_arguments, rotation_arguments, sealed_tile, staging_tile,
                      to_bf16_rne, token_scales, use_asm)
 from .write import oscar_rotate_q
@@ -42,14 +42,15 @@ from .write import oscar_rotate_q
 
 @triton.jit
 def _dequantize_kernel(
-    pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr, sk_ptr, sv_ptr, B,
+    pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr, sk_ptr, sv_ptr, B, window_left,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
-    BLOCK_N: tl.constexpr, LOG2B: tl.constexpr, POSITION: tl.constexpr, USE_ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, LOG2B: tl.constexpr, POSITION: tl.constexpr, USE_ASM: tl.constexpr, WINDOW: tl.constexpr,
 ):
     """Grid ``(len(kv_page_indices), H, P / BLOCK_N)``: tile ``t`` of KV head ``h`` of the ``i``-th
     page of the batch's page list, dequantized to scratch rows ``(i * H + h) * P + t * BLOCK_N ..``
     when some row of its request reads that page as codes (below the request's largest sealed
-    boundary: ``_extend_kernel``); other entries are left unwritten and never read."""
+    boundary: ``_extend_kernel``) and, with ``WINDOW``, inside the window of its first new token;
+    other entries are left unwritten and never read."""
     i = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     t0 = tl.program_id(2) * BLOCK_N
@@ -67,7 +68,12 @@ def _dequantize_kernel(
         limit = (prefix + n_new - 1) // P
     else:
         limit = prefix // P
-    if (i - tl.load(kv_indptr_ptr + lo) < limit) & (n_new > 0):
+    j = i - tl.load(kv_indptr_ptr + lo)
+    if WINDOW:
+        first = (prefix - window_left) // P  # pages below it end before every row's window
+    else:
+        first = 0
+    if (j < limit) & (j >= first) & (n_new > 0):
         page = tl.load(page_idx_ptr + i).to(tl.int64)
         dequantize_tile(page, t0, i_h, (i * H + i_h) * P + t0, pool, sk_ptr, sv_ptr, H, D, BITS, P, G_K, G_V, BLOCK_N, USE_ASM)
 
@@ -76,12 +82,13 @@ def _dequantize_kernel(
 def _extend_kernel(
     q_ptr, qrot_ptr, k_ptr, v_ptr, o_ptr, pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr,
     sk_ptr, sv_ptr,  # DEQUANTIZED: the sealed pages as _dequantize_kernel wrote them
-    sm_scale_log2,
+    sm_scale_log2, window_left,
     strides,  # (q, k, v, o) x (token, head)
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
     ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
     POSITION: tl.constexpr, DEQUANTIZED: tl.constexpr, INTERPRET: tl.constexpr, USE_ASM: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -125,63 +132,116 @@ def _extend_kernel(
             row_sp = tl.full([BLOCK_M], 0, tl.int32) + open_page
             sp_lo = open_page
             sp_hi = open_page
+        # WINDOW (a sliding-window layer): row x = prefix + o_m sees positions x - window_left .. x
+        # only; tiles below the program's first row's window are skipped, the rest masked per row.
+        if WINDOW:
+            row_lo = prefix + o_m - window_left
+            t_skip = tl.maximum(prefix + i_m * ROWS_T - window_left, 0) // BLOCK_N
+        else:
+            row_lo = o_m  # unused
+            t_skip = 0
         if (sp_hi > 0) | (prefix > 0):
             o_qr = (rows * HQ + o_hq)[:, None] * D
             b_qrb = to_bf16_rne(tl.load(qrot_ptr + o_qr + o_d[None, :], mask=m_m[:, None], other=0.0))
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
             if DEQUANTIZED:  # one loop over the tiles, so that Triton pipelines their loads
                 TPP: tl.constexpr = P // BLOCK_N
-                for ti in range(0, sp_lo * TPP):  # below every row's boundary
+                for ti in range(t_skip, sp_lo * TPP):  # below every row's boundary
                     pi = ti // TPP
                     t0 = (ti % TPP) * BLOCK_N
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                    m_i, l_i, acc_r = dequantized_tile(
-                        b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
-                        m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N,
-                    )  # fmt: skip
+                    if WINDOW:
+                        m_i, l_i, acc_r = dequantized_tile(
+                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N,
+                            None, (ti * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
+                        )  # fmt: skip
+                    else:
+                        m_i, l_i, acc_r = dequantized_tile(
+                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N,
+                        )  # fmt: skip
                 if POSITION:
-                    for ti in range(sp_lo * TPP, sp_hi * TPP):  # below the boundary of some rows only
+                    for ti in range(tl.maximum(sp_lo * TPP, t_skip), sp_hi * TPP):  # below the boundary of some rows only
                         pi = ti // TPP
                         t0 = (ti % TPP) * BLOCK_N
                         page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                        m_i, l_i, acc_r = dequantized_tile(
-                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
-                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi,
-                        )  # fmt: skip
+                        if WINDOW:
+                            m_i, l_i, acc_r = dequantized_tile(
+                                b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                                m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi,
+                                (ti * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
+                            )  # fmt: skip
+                        else:
+                            m_i, l_i, acc_r = dequantized_tile(
+                                b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                                m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi,
+                            )  # fmt: skip
             else:
-                for pi in range(0, sp_lo):  # below every row's boundary
+                p_skip = t_skip * BLOCK_N // P
+                for pi in range(p_skip, sp_lo):  # below every row's boundary
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
                     for t0 in range(0, P, BLOCK_N):
-                        m_i, l_i, acc_r = sealed_tile(
-                            b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                            pool, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
-                        )  # fmt: skip
-                if POSITION:
-                    for pi in range(sp_lo, sp_hi):  # below the boundary of some rows only
-                        page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
-                        for t0 in range(0, P, BLOCK_N):
+                        if WINDOW:
                             m_i, l_i, acc_r = sealed_tile(
                                 b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
                                 pool, sm_scale_log2,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None,
+                                (pi * P + t0 + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
                             )  # fmt: skip
+                        else:
+                            m_i, l_i, acc_r = sealed_tile(
+                                b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                                pool, sm_scale_log2,
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
+                            )  # fmt: skip
+                if POSITION:
+                    for pi in range(tl.maximum(sp_lo, p_skip), sp_hi):  # below the boundary of some rows only
+                        page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                        for t0 in range(0, P, BLOCK_N):
+                            if WINDOW:
+                                m_i, l_i, acc_r = sealed_tile(
+                                    b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                                    pool, sm_scale_log2,
+                                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
+                                    (pi * P + t0 + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
+                                )  # fmt: skip
+                            else:
+                                m_i, l_i, acc_r = sealed_tile(
+                                    b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                                    pool, sm_scale_log2,
+                                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
+                                )  # fmt: skip
             # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
             if (prefix % P != 0) & (sp_lo == open_page):
                 stg = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
                 n_valid = prefix % P
                 for t0 in range(0, n_valid, BLOCK_N):
                     if POSITION:
-                        m_i, l_i, acc_r = staging_tile(
-                            b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
-                            row_sp == open_page,
-                        )  # fmt: skip
+                        if WINDOW:
+                            m_i, l_i, acc_r = staging_tile(
+                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
+                                row_sp == open_page, None, row_lo - open_page * P,
+                            )  # fmt: skip
+                        else:
+                            m_i, l_i, acc_r = staging_tile(
+                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
+                                row_sp == open_page,
+                            )  # fmt: skip
                     else:
-                        m_i, l_i, acc_r = staging_tile(
-                            b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                            pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
-                        )  # fmt: skip
+                        if WINDOW:
+                            m_i, l_i, acc_r = staging_tile(
+                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
+                                None, None, row_lo - open_page * P,
+                            )  # fmt: skip
+                        else:
+                            m_i, l_i, acc_r = staging_tile(
+                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
+                            )  # fmt: skip
 
         # New tokens, causal: query o_m sees keys 0..o_m of this step (from its boundary on).
         b_q = tl.load(q_ptr + rows[:, None] * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_m[:, None], other=0.0)
@@ -193,7 +253,10 @@ def _extend_kernel(
         else:
             b_q = b_q.to(k_ptr.dtype.element_ty)
         hi = tl.minimum(n_new, (i_m + 1) * ROWS_T)
-        lo = tl.maximum(sp_lo * P - prefix, 0) // BLOCK_N * BLOCK_N  # no row sees keys before its boundary
+        lo = tl.maximum(sp_lo * P - prefix, 0)  # no row sees keys before its boundary
+        if WINDOW:
+            lo = tl.maximum(lo, i_m * ROWS_T - window_left)  # nor before its window
+        lo = lo // BLOCK_N * BLOCK_N
         for n0 in range(lo, hi, BLOCK_N):
             o_n = n0 + tl.arange(0, BLOCK_N)
             m_n = o_n < n_new
@@ -205,6 +268,8 @@ def _extend_kernel(
             causal = (o_n[None, :] <= o_m[:, None]) & m_n[None, :]
             if POSITION:
                 causal = causal & (prefix + o_n[None, :] >= row_sp[:, None] * P)
+            if WINDOW:
+                causal = causal & (prefix + o_n[None, :] >= row_lo[:, None])
             b_qk = tl.where(causal, b_qk * sm_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(b_qk, axis=1))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key at all
@@ -322,6 +387,7 @@ def oscar_extend_attention(
     out: torch.Tensor | None = None,
     position: bool = True,
     kv_indptr_host: list[int] | None = None,
+    window_left: int | None = None,
     _tuning: _ExtendTuning | None = None,
 ) -> torch.Tensor:
     """Attention of a step's new tokens over their cached prefix plus themselves (causal), each
@@ -346,6 +412,9 @@ def oscar_extend_attention(
         kv_indptr_host: ``kv_indptr`` as a host list, when the caller has it: read (a host
             synchronization otherwise) only when the batch's pages pass the dequantize scratch
             budget and the batch is split (``scratch_groups``).
+        window_left: a sliding-window layer (SGLang's ``RadixAttention.sliding_window_size``): the
+            row at position x sees positions ``x - window_left .. x`` only; tiles below every row's
+            window are neither dequantized nor read. None or negative: every position.
         _tuning: tests and benchmarks only: an ``_ExtendTuning`` instead of ``_default_tuning``'s.
     """
     t, hq, d, h, p, _ = check_attention_inputs(q, layer, rows="T")
@@ -355,6 +424,7 @@ def oscar_extend_attention(
         raise TypeError("k and v must share a dtype")
     check_int32(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, prefix_lens=prefix_lens)
     rotate = rotation_arguments(d, layer.rotation)  # ValueError unless head_dim is a power of two
+    window = check_window(window_left)
     b = prefix_lens.shape[0]
     if qo_indptr.shape != (b + 1,):
         raise ValueError(f"qo_indptr must be [B + 1] = [{b + 1}], got {tuple(qo_indptr.shape)}")
@@ -405,9 +475,10 @@ def oscar_extend_attention(
             check_sealed_tile(deq_n, page_size=p, k_group=layer.k_group)
             _dequantize_kernel[(n_g, h, p // deq_n)](
                 pool=pool["pool"], qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages,
-                prefix_lens_ptr=pre_g, sk_ptr=sk, sv_ptr=sv, B=g1 - g0,
+                prefix_lens_ptr=pre_g, sk_ptr=sk, sv_ptr=sv, B=g1 - g0, window_left=window if window is not None else 0,
                 **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V")}, BLOCK_N=deq_n,
                 LOG2B=max(1, (g1 - g0).bit_length()), POSITION=bool(position), USE_ASM=use_asm(q.device),
+                WINDOW=window is not None,
             )  # fmt: skip
         else:
             sk = sv = q_rot  # not read
@@ -417,11 +488,11 @@ def oscar_extend_attention(
             # the new tokens, the output, the layer's pool and the requests' pages
             q_ptr=q, qrot_ptr=q_rot, k_ptr=k, v_ptr=v, o_ptr=out, **pool,
             qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages, prefix_lens_ptr=pre_g,
-            sk_ptr=sk, sv_ptr=sv, sm_scale_log2=sm_scale * math.log2(math.e),
+            sk_ptr=sk, sv_ptr=sv, sm_scale_log2=sm_scale * math.log2(math.e), window_left=window if window is not None else 0,
             strides=(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1)),
             **rotate, GROUP=hq // h, POSITION=bool(position), DEQUANTIZED=bool(dequantize),
             # how it runs (_ExtendTuning)
             BLOCK_M=block_m, GP=gp, BLOCK_N=block_n, INTERPRET=interpreting(), USE_ASM=use_asm(q.device),
-            num_warps=num_warps, **extra,
+            WINDOW=window is not None, num_warps=num_warps, **extra,
         )  # fmt: skip
     return out

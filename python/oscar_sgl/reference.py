@@ -406,6 +406,7 @@ def decode_attention(
     sm_scale: float,
     *,
     key_rotated: tuple[bool, ...] | None = None,
+    window_left: int | None = None,
 ) -> torch.Tensor:
     """One query step over sealed blocks plus a full-precision tail, computed the way the kernel does.
 
@@ -414,13 +415,15 @@ def decode_attention(
         k_blocks, v_blocks: sealed history, oldest first.
         k_tail, v_tail: `[H, t, D]` open tokens (not rotated; t may be 0).
         key_rotated: the layer's key-rotation flags (`key_rotation_plan`), as in `extend_attention`.
+        window_left: a sliding-window layer's window, as in `extend_attention`.
     Returns:
         `[Hq, D]` fp32 attention output in the model's (un-rotated) basis.
 
-    The query sees every token: this is `extend_attention` of one query (the last token of the
-    sequence), `extend_attention(q[None], ...)[0]`.
+    The query sees every token (within its window): this is `extend_attention` of one query (the
+    last token of the sequence), `extend_attention(q[None], ...)[0]`.
     """
-    return extend_attention(q[None], k_blocks, v_blocks, k_tail, v_tail, cfg, sm_scale, key_rotated=key_rotated)[0]
+    return extend_attention(q[None], k_blocks, v_blocks, k_tail, v_tail, cfg, sm_scale, key_rotated=key_rotated,
+                            window_left=window_left)[0]
 
 
 def extend_attention(
@@ -435,6 +438,7 @@ def extend_attention(
     exact_from: int | None = None,
     sealed_until: torch.Tensor | list[int] | None = None,
     key_rotated: tuple[bool, ...] | None = None,
+    window_left: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last `t` tokens of a sequence over the sequence, computed the way the
     kernels do: what a prefill chunk (a fresh prompt, or the tokens after a prefix-cache hit) sees.
@@ -464,6 +468,9 @@ def extend_attention(
         key_rotated: the layer's key-rotation flags (`key_rotation_plan`); None: those the sealed
             blocks carry (every head's keys rotated when there is no block). Given with blocks, the
             two must agree.
+        window_left: a sliding-window layer (SGLang's `RadixAttention.sliding_window_size`,
+            transformers' `sliding_window - 1`): query `x_i` sees only positions
+            `x_i - window_left .. x_i`; None (or negative): every position.
     Returns:
         `[t, Hq, D]` fp32 attention output in the model's (un-rotated) basis.
 
@@ -506,6 +513,8 @@ def extend_attention(
     exact_pos = torch.arange(e, length, device=q.device)[None, :]
     b = bound[:, None]
     visible = torch.cat(((sealed_pos <= x) & (sealed_pos < b), (exact_pos <= x) & (exact_pos >= b)), dim=1)
+    if window_left is not None and window_left >= 0:
+        visible &= torch.cat((sealed_pos, exact_pos), dim=1) >= x - window_left
     lg = (torch.cat(logits, dim=3) * sm_scale).masked_fill(~visible, float("-inf"))
     p = torch.softmax(lg, dim=-1)
     out = torch.einsum("hgtn,hnd->thgd", p, torch.cat(values, dim=1)).reshape(t, hq, d)

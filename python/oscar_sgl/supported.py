@@ -27,7 +27,8 @@ exit status 2.
 | `--page-size` = `--oscar-page-size`; attention backend `oscar`; no `--kv-cache-dtype` | an OScaR page is the unit of sealing; other backends read BF16 | `check_server_flags` |
 | no HiCache, PD disaggregation, speculative decoding, KV sharding, page-major layout, unified memory | each moves or writes K/V without the per-page scales | `check_server_flags` |
 | CPU TP > 1 with a CUDA torch: `SGLANG_NCCL_SO_PATH` set | SGLang would build PyNccl on the CPU | `check_server_flags` |
-| MHA/GQA model: no MLA, no hybrid sliding-window or linear attention | one OScaR pool for every layer (SGLang's SWA pool is a second, BF16-layout pool with its own allocator; docs/OSCAR.md §7) | `check_server_model` |
+| MHA/GQA model: no MLA, no linear attention; sliding-window layers only in SGLang's single-pool mode (`--disable-hybrid-swa-memory`, SGLang's own choice for gemma-2/3) | one OScaR pool for every layer, sliding layers masked to their window in the kernels (SGLang's SWA pool is a second, BF16-layout pool with its own allocator; docs/OSCAR.md §7) | `check_server_model` |
+| causal decoder attention layers without logit soft-capping | the kernels compute plain causal softmax attention (a sliding window is a launch argument) | `check_attention_layer` (backend build, every forward) |
 | KV heads divide across TP ranks; K and V head dims equal | whole heads per rank, one token scale per rank | `check_server_model` |
 | kernel path: head_dim*bits a whole number of 32-bit words; v_group a multiple of 32/bits; k_group >= 16; page size a multiple of 32 | the kernels' word loads and 32-token tiles | `check_kernel_shape` (pool build and every launch) |
 | kernel path: bf16/fp16 model on CUDA; on a CPU only under `TRITON_INTERPRET=1` | the kernels stage BF16; Triton needs a GPU or its interpreter | `check_kernel_device` (pool build) |
@@ -280,11 +281,11 @@ def check_server_model(cfg: Any, model_config: Any, *, tp_size: int, use_mla: bo
                                "latent KV is not K/V, which OScaR quantizes")
     if is_hybrid_swa:
         raise OscarConfigError(
-            "the model's layers must all be full attention with --kv-cache oscar, got hybrid sliding-window layers: "
-            "SGLang 0.5.23 builds an SWAKVPool for them (a full-attention sub-pool plus a BF16 SWA sub-pool with its "
-            "own allocator and full-to-SWA index mapping) and the oscar attention backend reads only one OScaR pool; "
-            "serve this model with --kv-cache default, or measure OScaR on it with `oscar-sgl eval ppl` "
-            "(OscarCache quantizes its full-attention layers)"
+            "the model's sliding-window layers need --disable-hybrid-swa-memory with --kv-cache oscar: SGLang 0.5.23 "
+            "would build an SWAKVPool for them (a full-attention sub-pool plus a BF16 SWA sub-pool with its own "
+            "allocator and full-to-SWA index mapping), and the oscar backend reads one OScaR pool; with "
+            "--disable-hybrid-swa-memory (SGLang's own choice for gemma-2/3) every layer is stored in the OScaR pool and "
+            "the sliding layers attend to their window only"
         )
     if is_hybrid_linear:
         raise OscarConfigError("the model's layers must all be full attention with --kv-cache oscar, got hybrid "
@@ -301,6 +302,24 @@ def check_server_model(cfg: Any, model_config: Any, *, tp_size: int, use_mla: bo
         raise OscarConfigError(f"the model's V head dim must equal its K head dim ({head_dim}) with --kv-cache oscar, "
                                f"got {v_head_dim}")
     check_layer_shape(cfg, total_kv // tp_size, head_dim)
+
+
+def check_attention_layer(layer: Any) -> None:
+    """What the `oscar` backend computes for one of SGLang's `RadixAttention` layers: causal decoder
+    self-attention, over every position or a sliding window (`sliding_window_size`); refused are
+    logit soft-capping (gemma-2, grok) and bidirectional / encoder-only attention, which it would
+    otherwise silently compute as plain causal attention. Called for every layer of the loaded model
+    when the backend is built, and again by each forward (a layer the model scan did not see)."""
+    name = f"layer {getattr(layer, 'layer_id', '?')}"
+    cap = getattr(layer, "logit_cap", 0.0) or 0.0
+    if float(cap) > 0.0:
+        raise OscarConfigError(
+            f"the model's attention must not soft-cap its logits with --kv-cache oscar, got logit_cap={cap} at {name}: "
+            "the OScaR kernels compute plain softmax attention; serve this model with --kv-cache default")
+    kind = getattr(getattr(layer, "attn_type", None), "value", "decoder")
+    if kind != "decoder":
+        raise OscarConfigError(f"the model's attention must be causal decoder attention with --kv-cache oscar, got "
+                               f"{kind!r} at {name}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -224,28 +224,30 @@ def key_flags(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None, device: to
     return None if mixed is None else torch.tensor(mixed, dtype=torch.int32, device=device)
 
 
-def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float) -> torch.Tensor:
-    """``[B, Hq, D]`` fp32 reference outputs (``reference.decode_attention`` per request)."""
+def reference_decode(pool: Pool, q: torch.Tensor, sm_scale: float, window_left: int | None = None) -> torch.Tensor:
+    """``[B, Hq, D]`` fp32 reference outputs (``reference.decode_attention`` per request);
+    ``window_left``: a sliding-window layer's window."""
     outs = []
     for b in range(q.shape[0]):
         outs.append(
             R.decode_attention(q[b].float().cpu(), pool.k_blocks[b], pool.v_blocks[b], pool.k_tail[b], pool.v_tail[b], pool.cfg, sm_scale,
-                               key_rotated=pool.key_rotated)
+                               key_rotated=pool.key_rotated, window_left=window_left)
         )
     return torch.stack(outs)
 
 
 def query_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int, step_start: int, mode: str,
-                    cfg: OscarConfig, sm_scale: float, key_rotated: tuple[bool, ...] | None = None) -> torch.Tensor:
+                    cfg: OscarConfig, sm_scale: float, key_rotated: tuple[bool, ...] | None = None,
+                    window_left: int | None = None) -> torch.Tensor:
     """What the server's attention gives the query ``q`` ``[Hq, D]`` at position ``pos`` of a step
     starting at ``step_start``, over keys / values ``k``, ``v`` ``[H, >= pos + 1, D]`` (positions from
     0, un-rotated): the pages below its boundary sealed (``reference.seal``), the tokens from the
     boundary to ``pos`` exact. ``mode`` "position" (``--oscar-prefill position``, the default): the
     boundary is the start of the query's own page, whatever the step; "exact": the start of the page
     holding ``step_start``, so a fresh prompt is exact. ``key_rotated``: the layer's key-rotation
-    flags (`reference.key_rotation_plan`)."""
+    flags (`reference.key_rotation_plan`); ``window_left``: a sliding-window layer's window."""
     p = cfg.page_size
     own = (pos if mode == "position" else step_start) // p * p
     blocks = [R.seal(k[:, s:s + p], v[:, s:s + p], cfg, key_rotated) for s in range(0, own, p)]
     return R.decode_attention(q, [kb for kb, _ in blocks], [vb for _, vb in blocks], k[:, own:pos + 1], v[:, own:pos + 1],
-                              cfg, sm_scale, key_rotated=key_rotated)
+                              cfg, sm_scale, key_rotated=key_rotated, window_left=window_left)

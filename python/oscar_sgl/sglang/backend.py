@@ -37,8 +37,16 @@ import torch
 
 from .. import reference as ref
 from ..errors import OscarConfigError
+from ..supported import check_attention_layer as check_layer
 from .classes import sglang_subclass
 from .step import OscarStep
+
+
+def window_of(layer: Any) -> int | None:
+    """A sliding-window layer's window (SGLang's `RadixAttention.sliding_window_size`: the query at
+    position x sees positions x - window .. x), None for a full-attention layer (SGLang's -1)."""
+    w = getattr(layer, "sliding_window_size", -1)
+    return int(w) if w is not None and int(w) >= 0 else None
 
 
 def _host_lens(fb: Any) -> list[int]:
@@ -61,6 +69,18 @@ class OscarAttnBackendMixin:
             )
         self.cfg = pool.oscar_config
         self.step: OscarStep = pool.oscar_step
+        model = getattr(model_runner, "model", None)
+        if model is not None:
+            # Every attention layer of the loaded model, checked before the first request; the
+            # sliding-window ones are recorded for /server_info (each forward reads its layer's window).
+            from sglang.srt.layers.radix_attention import RadixAttention
+
+            for m in model.modules():
+                if isinstance(m, RadixAttention):
+                    check_layer(m)
+                    w = window_of(m)
+                    if w is not None and pool.start_layer <= m.layer_id < pool.start_layer + pool.layer_num:
+                        pool.sliding_windows[m.layer_id] = w
         if self.cfg.rotation and self.cfg.key_rotation == "weights" and pool.key_rotation_plan is None:
             # The rule reads the weights this rank loaded (before any write or CUDA-graph capture).
             from .plan import key_rotation_plan_from_sglang
@@ -138,7 +158,7 @@ class OscarAttnBackendMixin:
             kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
             sm_scale=layer.scaling, new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
             staging_scale=pool.layer_stage_scale(li),
-            workspace=ws,
+            workspace=ws, window_left=window_of(layer),
         )
         pool.oscar_graph_seal(li)
         return out.reshape(-1, hq * d)
@@ -153,6 +173,7 @@ class OscarAttnBackendMixin:
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
                        forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
         if self.step.in_graph:
+            check_layer(layer)
             if not save_kv_cache or k is None or v is None:
                 raise RuntimeError("--oscar-cuda-graph: a decode step that does not write its K/V cannot be captured")
             return self._forward_decode_graph(q, k, v, layer, forward_batch)
@@ -164,6 +185,7 @@ class OscarAttnBackendMixin:
                  pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
         if layer.is_cross_attention:
             raise NotImplementedError("--kv-cache oscar: cross-attention is not supported")
+        check_layer(layer)
         pool = self.token_to_kv_pool
         if pool.use_kernels:
             return self._forward_kernels(q, k, v, layer, fb, pre, seq, save_kv_cache, decode)
@@ -186,11 +208,12 @@ class OscarAttnBackendMixin:
         q_ = q.reshape(-1, hq, d)
         out = torch.empty(q_.shape[0], hq, d, dtype=q.dtype, device=q.device)
         at = 0
+        window = window_of(layer)
         for i, (r, s0, s1) in enumerate(zip(rows, pre, seq)):
             n = s1 - s0
             if self.position and not decode:
                 out[at:at + n] = self._extend_by_pages(q_[at:at + n], k_new[at:at + n], v_new[at:at + n],
-                                                       prev[i], r, s0, s1, li, layer.scaling).to(q.dtype)
+                                                       prev[i], r, s0, s1, li, layer.scaling, window).to(q.dtype)
                 at += n
                 continue
             k_fp = k_new[at:at + n].transpose(0, 1).float()
@@ -207,16 +230,16 @@ class OscarAttnBackendMixin:
             plan = pool.layer_plan(li)
             if decode:
                 out[at] = ref.decode_attention(q_[at], kbs, vbs, k_fp, v_fp, self.cfg, layer.scaling,
-                                               key_rotated=plan).to(q.dtype)
+                                               key_rotated=plan, window_left=window).to(q.dtype)
             else:
                 out[at:at + n] = ref.extend_attention(q_[at:at + n], kbs, vbs, k_fp, v_fp, self.cfg,
-                                                      layer.scaling, key_rotated=plan).to(q.dtype)
+                                                      layer.scaling, key_rotated=plan, window_left=window).to(q.dtype)
             at += n
         return out.reshape(-1, hq * d)
 
     def _extend_by_pages(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          prev: tuple[torch.Tensor, torch.Tensor] | None, r: int, s0: int, s1: int, li: int,
-                         sm_scale: float) -> torch.Tensor:
+                         sm_scale: float, window: int | None = None) -> torch.Tensor:
         """Reference path, `--oscar-prefill position`: one request's new tokens s0..s1-1, page by
         page. The queries of page b are `reference.extend_attention` of a whole page (P rows, zero
         where the chunk has no token) over the sealed pages below b and the page's P tokens (exact,
@@ -245,7 +268,7 @@ class OscarAttnBackendMixin:
                 kb, vb = pool.sealed_blocks(li, r2t[r, 0:b * p:p].to(torch.int64) // p)
                 kbs, vbs = [kb], [vb]
             o = ref.extend_attention(q_page, kbs, vbs, kv_page[0], kv_page[1], self.cfg, sm_scale,
-                                     key_rotated=pool.layer_plan(li))
+                                     key_rotated=pool.layer_plan(li), window_left=window)
             out[lo - s0:hi - s0] = o[lo - b * p:hi - b * p]
         return out
 
@@ -311,7 +334,7 @@ class OscarAttnBackendMixin:
         meta = self._kernel_meta(fb, pre, seq, decode)
         q_ = q.reshape(-1, hq, d).contiguous()
         common = dict(layer=pool.paged_layer(li), kv_indptr=meta["kv_indptr"], kv_page_indices=meta["kv_page_indices"],
-                      sm_scale=layer.scaling)
+                      sm_scale=layer.scaling, window_left=window_of(layer))
         if fused:
             out = K.oscar_decode_attention(
                 q=q_, seq_lens=meta["seq_lens"], new_k=k_new, new_v=v_new, new_loc=loc,

@@ -62,6 +62,9 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
         # The key-rotation plan this rank computed from its weights (`--oscar-key-rotation`): layers
         # with no rotated head store no token scale (their allocated scale bytes stay unused).
         "key_rotation": pool.key_rotation_summary(),
+        # Sliding-window layers (SGLang's single-pool mode, e.g. gemma-3): stored in this pool like
+        # every layer, their attention masked to the window (SGLang's sliding_window_size).
+        "sliding_window_layers": {str(k): int(w) for k, w in sorted(getattr(pool, "sliding_windows", {}).items())},
         "pages": {"sealed": int(st.sealed_pages), "open": int(st.open_pages),
                   "free": max(0, usable - int(st.sealed_pages) - int(st.open_pages))},
         "tree_pages": int(st.tree_pages),

@@ -191,6 +191,9 @@ class OscarKVPoolMixin:
         # keys when rotation is on, until `oscar_set_key_rotation` installs the plan the backend
         # computed from the loaded weights (before the first forward).
         self.key_rotation_plan: list[tuple[bool, ...]] | None = None
+        # Sliding-window layers (layer id -> window), as the backend found them in the loaded model:
+        # stored like every layer; their attention reads their window only (backend.window_of).
+        self.sliding_windows: dict[int, int] = {}
         self._key_flags: list[torch.Tensor | None] = [None] * layer_num
         runtime = OscarRuntime(num_pages=self.num_pages, page_size=page_size, staging_slots=self.num_staging,
                                kv_heads=head_num, head_dim=head_dim, config=cfg, scratch_slots=self.num_scratch)
