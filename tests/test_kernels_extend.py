@@ -135,7 +135,9 @@ def test_extend_sliding_window(position, dequantize, d, group):
         if window < 2 * p:
             assert rel_rms(out, full) > 0.05, f"window {window} changed nothing"
         else:
-            assert window < 10 * p or rel_rms(out, full) < 1e-6
+            # a window past every sequence: the same answer (to fp32 rounding: on a GPU the masked
+            # kernel is another compilation, 9e-6 measured)
+            assert window < 10 * p or rel_rms(out, full) < 1e-4
 
 
 def test_extend_by_position_row_boundaries_inside_one_program():

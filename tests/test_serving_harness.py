@@ -113,6 +113,28 @@ def test_silu_and_mul_matches_reference(sk, dtype, shape):
     torch.testing.assert_close(sk.silu_and_mul(x), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tanh", [True, False])
+def test_gelu_and_mul_matches_reference(sk, dtype, tanh):
+    """gemma's MLP: gelu (tanh form, or erf) of the first half times the second, against the formula."""
+    import math
+
+    x = torch.randn(5, 2 * 640, dtype=dtype, device=DEVICE) * 3
+    g, u = x[..., :640].double(), x[..., 640:].double()
+    if tanh:
+        gelu = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+    else:
+        gelu = 0.5 * g * (1 + torch.erf(g / math.sqrt(2)))
+    want = (gelu * u).to(dtype)
+    out = torch.full((5, 640), float("nan"), dtype=dtype, device=DEVICE)
+    got = (sk.gelu_tanh_and_mul if tanh else sk.gelu_and_mul)(x, out)
+    assert got.data_ptr() == out.data_ptr()
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="even last dimension"):
+        sk.gelu_tanh_and_mul(torch.randn(2, 7, device=DEVICE))
+
+
 def test_bad_shapes_are_refused(sk):
     with pytest.raises(ValueError, match="weight"):
         sk.rmsnorm(torch.randn(2, 8, device=DEVICE), torch.randn(9, device=DEVICE))

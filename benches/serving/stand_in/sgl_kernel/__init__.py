@@ -22,6 +22,8 @@ from typing import Any
 
 from .ops import (  # noqa: F401  (the ops SGLang calls)
     fused_add_rmsnorm,
+    gelu_and_mul,
+    gelu_tanh_and_mul,
     gemma_fused_add_rmsnorm,
     gemma_rmsnorm,
     rmsnorm,
@@ -52,7 +54,7 @@ class _Missing:
         raise NotImplementedError(
             f"sgl_kernel.{self._name} was called, but this is oscar-sgl's GPU-harness stand-in "
             "(benches/serving/stand_in), which computes only rmsnorm, fused_add_rmsnorm, gemma_rmsnorm, "
-            "gemma_fused_add_rmsnorm, silu_and_mul and utils.is_arch_support_pdl; this SGLang path needs "
+            "gemma_fused_add_rmsnorm, silu_and_mul, gelu_tanh_and_mul, gelu_and_mul and utils.is_arch_support_pdl; this SGLang path needs "
             "the real sglang-kernel package"
         )
 

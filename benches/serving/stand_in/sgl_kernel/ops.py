@@ -137,3 +137,33 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pd
     else:
         o2.copy_(silu_and_mul_reference(x2))
     return out
+
+
+def gelu_and_mul_reference(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    g, u = x[..., :d].float(), x[..., d:].float()
+    return (torch.nn.functional.gelu(g, approximate=approximate) * u).to(x.dtype)
+
+
+def _gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None, approximate: str) -> torch.Tensor:
+    name = "gelu_tanh_and_mul" if approximate == "tanh" else "gelu_and_mul"
+    if input.shape[-1] % 2:
+        raise ValueError(f"sgl_kernel stand-in: {name} needs an even last dimension, got {input.shape[-1]}")
+    d = input.shape[-1] // 2
+    if out is None:
+        out = input.new_empty(*input.shape[:-1], d)
+    if out.shape != (*input.shape[:-1], d):
+        raise ValueError(f"sgl_kernel stand-in: {name} out {tuple(out.shape)} != {(*input.shape[:-1], d)}")
+    # fp32 then rounded once, in torch on every device (gemma's MLP: a small share of a step)
+    out.copy_(gelu_and_mul_reference(input, approximate))
+    return out
+
+
+def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: Any = None) -> torch.Tensor:
+    """``gelu_tanh(input[..., :d]) * input[..., d:]`` (gemma's MLP), ``d = input.shape[-1] // 2``."""
+    return _gelu_and_mul(input, out, "tanh")
+
+
+def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: Any = None) -> torch.Tensor:
+    """``gelu(input[..., :d]) * input[..., d:]`` (erf form), ``d = input.shape[-1] // 2``."""
+    return _gelu_and_mul(input, out, "none")
