@@ -174,31 +174,24 @@ def _decode_stage1_kernel(
                     page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi, pool,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N,
                 )  # fmt: skip
+                kv_ok = None  # (the window's tokens of the tile; a compile-time None without WINDOW)
                 if WINDOW:
-                    m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
-                                               D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
-                                               None, it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo)  # fmt: skip
-                else:
-                    m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
-                                               D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS)  # fmt: skip
+                    kv_ok = it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo
+                m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
+                                           D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS, None, kv_ok)  # fmt: skip
                 kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
                 page_n = page_nn
         else:
             for it in range(t_lo, t_hi):
                 page = tl.load(page_idx_ptr + kv_start + it // TPP).to(tl.int64)
+                kv_ok = None
                 if WINDOW:
-                    m_i, l_i, acc = sealed_tile(
-                        b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
-                        pool, sm_scale_log2,
-                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
-                        None, (it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo)[None, :],
-                    )  # fmt: skip
-                else:
-                    m_i, l_i, acc = sealed_tile(
-                        b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
-                        pool, sm_scale_log2,
-                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False,
-                    )  # fmt: skip
+                    kv_ok = (it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo)[None, :]
+                m_i, l_i, acc = sealed_tile(
+                    b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
+                    pool, sm_scale_log2,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok,
+                )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
         stg = tl.load(pool[7] + page).to(tl.int64)
@@ -206,42 +199,32 @@ def _decode_stage1_kernel(
         if stg >= 0:
             n_valid = seq_len - (n_pages - 1) * P
             b_qb = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
+            kv_lo = None
+            t_start = 0
             if WINDOW:
-                for t0 in tl.range(t_min // BLOCK_T * BLOCK_T, n_valid, BLOCK_T, num_stages=1):
-                    m_i, l_i, acc = staging_tile(
-                        b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
-                        pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS, None, t_min,
-                    )  # fmt: skip
-            else:
-                for t0 in tl.range(0, n_valid, BLOCK_T, num_stages=1):
-                    m_i, l_i, acc = staging_tile(
-                        b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
-                        pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS,
-                    )  # fmt: skip
+                kv_lo = t_min
+                t_start = t_min // BLOCK_T * BLOCK_T
+            for t0 in tl.range(t_start, n_valid, BLOCK_T, num_stages=1):
+                m_i, l_i, acc = staging_tile(
+                    b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc,
+                    pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS, None, kv_lo,
+                )  # fmt: skip
         else:
             b_q = load_queries(qrot_ptr, o_q, m_r, channel_of(o_d, BITS), TRANS).to(tl.float16)
+            t_start = 0
             if WINDOW:
-                for t0 in tl.range(t_min // BLOCK_N * BLOCK_N, P, BLOCK_N, num_stages=1):
-                    if TRANS:
-                        m_i, l_i, acc = sealed_tile(
-                            b_q, page, t0, i_h, s_col, m_i, l_i, acc,
-                            pool, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None, t0 + tl.arange(0, BLOCK_N) >= t_min,
-                        )  # fmt: skip
-                    else:
-                        m_i, l_i, acc = sealed_tile(
-                            b_q, page, t0, i_h, s_col, m_i, l_i, acc,
-                            pool, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None,
-                            (t0 + tl.arange(0, BLOCK_N) >= t_min)[None, :],
-                        )  # fmt: skip
-            else:
-                for t0 in tl.range(0, P, BLOCK_N, num_stages=1):
-                    m_i, l_i, acc = sealed_tile(
-                        b_q, page, t0, i_h, s_col, m_i, l_i, acc,
-                        pool, sm_scale_log2,
-                        H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS,
-                    )  # fmt: skip
+                t_start = t_min // BLOCK_N * BLOCK_N
+            for t0 in tl.range(t_start, P, BLOCK_N, num_stages=1):
+                kv_ok = None
+                if WINDOW:
+                    kv_ok = t0 + tl.arange(0, BLOCK_N) >= t_min
+                    if not TRANS:
+                        kv_ok = kv_ok[None, :]
+                m_i, l_i, acc = sealed_tile(
+                    b_q, page, t0, i_h, s_col, m_i, l_i, acc,
+                    pool, sm_scale_log2,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None, kv_ok,
+                )  # fmt: skip
 
     # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
     has = l_i > 0.0

@@ -146,102 +146,70 @@ def _extend_kernel(
             b_qr = tl.load(qrot_ptr + o_qr + channel_of(o_d, BITS)[None, :], mask=m_m[:, None], other=0.0).to(tl.float16)
             if DEQUANTIZED:  # one loop over the tiles, so that Triton pipelines their loads
                 TPP: tl.constexpr = P // BLOCK_N
+                # (kv_ok: each row's window over the tile, a compile-time None without WINDOW)
                 for ti in range(t_skip, sp_lo * TPP):  # below every row's boundary
                     pi = ti // TPP
                     t0 = (ti % TPP) * BLOCK_N
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                    kv_ok = None
                     if WINDOW:
-                        m_i, l_i, acc_r = dequantized_tile(
-                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
-                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N,
-                            None, (ti * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
-                        )  # fmt: skip
-                    else:
-                        m_i, l_i, acc_r = dequantized_tile(
-                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
-                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N,
-                        )  # fmt: skip
+                        kv_ok = (ti * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None]
+                    m_i, l_i, acc_r = dequantized_tile(
+                        b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                        m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, None, kv_ok,
+                    )  # fmt: skip
                 if POSITION:
                     for ti in range(tl.maximum(sp_lo * TPP, t_skip), sp_hi * TPP):  # below the boundary of some rows only
                         pi = ti // TPP
                         t0 = (ti % TPP) * BLOCK_N
                         page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
+                        kv_ok = None
                         if WINDOW:
-                            m_i, l_i, acc_r = dequantized_tile(
-                                b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
-                                m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi,
-                                (ti * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
-                            )  # fmt: skip
-                        else:
-                            m_i, l_i, acc_r = dequantized_tile(
-                                b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
-                                m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi,
-                            )  # fmt: skip
+                            kv_ok = (ti * BLOCK_N + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None]
+                        m_i, l_i, acc_r = dequantized_tile(
+                            b_qr, ((kv_start + pi) * H + i_h) * P + t0, token_scales(page, t0, s_col, pool, P, S, BLOCK_N),
+                            m_i, l_i, acc_r, sk_ptr, sv_ptr, sm_scale_log2, D, BLOCK_N, row_sp > pi, kv_ok,
+                        )  # fmt: skip
             else:
                 p_skip = t_skip * BLOCK_N // P
                 for pi in range(p_skip, sp_lo):  # below every row's boundary
                     page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
                     for t0 in range(0, P, BLOCK_N):
+                        kv_ok = None
                         if WINDOW:
-                            m_i, l_i, acc_r = sealed_tile(
-                                b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                                pool, sm_scale_log2,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None,
-                                (pi * P + t0 + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
-                            )  # fmt: skip
-                        else:
-                            m_i, l_i, acc_r = sealed_tile(
-                                b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                                pool, sm_scale_log2,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM,
-                            )  # fmt: skip
+                            kv_ok = (pi * P + t0 + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None]
+                        m_i, l_i, acc_r = sealed_tile(
+                            b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                            pool, sm_scale_log2,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok,
+                        )  # fmt: skip
                 if POSITION:
                     for pi in range(tl.maximum(sp_lo, p_skip), sp_hi):  # below the boundary of some rows only
                         page = tl.load(page_idx_ptr + kv_start + pi).to(tl.int64)
                         for t0 in range(0, P, BLOCK_N):
+                            kv_ok = None
                             if WINDOW:
-                                m_i, l_i, acc_r = sealed_tile(
-                                    b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                                    pool, sm_scale_log2,
-                                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
-                                    (pi * P + t0 + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None],
-                                )  # fmt: skip
-                            else:
-                                m_i, l_i, acc_r = sealed_tile(
-                                    b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
-                                    pool, sm_scale_log2,
-                                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi,
-                                )  # fmt: skip
+                                kv_ok = (pi * P + t0 + tl.arange(0, BLOCK_N))[None, :] >= row_lo[:, None]
+                            m_i, l_i, acc_r = sealed_tile(
+                                b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
+                                pool, sm_scale_log2,
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi, kv_ok,
+                            )  # fmt: skip
             # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
             if (prefix % P != 0) & (sp_lo == open_page):
                 stg = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + open_page)).to(tl.int64)
                 n_valid = prefix % P
+                row_ok = None
+                if POSITION:
+                    row_ok = row_sp == open_page
+                stg_lo = None
+                if WINDOW:
+                    stg_lo = row_lo - open_page * P  # each row's window, in the page's token indices
                 for t0 in range(0, n_valid, BLOCK_N):
-                    if POSITION:
-                        if WINDOW:
-                            m_i, l_i, acc_r = staging_tile(
-                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
-                                row_sp == open_page, None, row_lo - open_page * P,
-                            )  # fmt: skip
-                        else:
-                            m_i, l_i, acc_r = staging_tile(
-                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
-                                row_sp == open_page,
-                            )  # fmt: skip
-                    else:
-                        if WINDOW:
-                            m_i, l_i, acc_r = staging_tile(
-                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False,
-                                None, None, row_lo - open_page * P,
-                            )  # fmt: skip
-                        else:
-                            m_i, l_i, acc_r = staging_tile(
-                                b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
-                                pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET,
-                            )  # fmt: skip
+                    m_i, l_i, acc_r = staging_tile(
+                        b_qrb, stg, i_h, t0, n_valid, m_i, l_i, acc_r,
+                        pool, sm_scale_log2, H, D, P, BLOCK_N, not INTERPRET, False, row_ok, None, stg_lo,
+                    )  # fmt: skip
 
         # New tokens, causal: query o_m sees keys 0..o_m of this step (from its boundary on).
         b_q = tl.load(q_ptr + rows[:, None] * stride_qt + o_hq[:, None] * stride_qh + o_d[None, :], mask=m_m[:, None], other=0.0)
