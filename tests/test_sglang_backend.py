@@ -147,6 +147,45 @@ def test_key_rotation_weights_needs_the_loaded_model_and_a_fitting_plan():
     assert summary["plan"] == [[1, 0], [0, 0]] and summary["rule"] == "weights"
 
 
+def test_the_backend_refuses_attention_it_would_not_compute():
+    """At backend build, over the loaded model: a module with attention sinks (gpt-oss) or a
+    soft-capping layer is refused; sliding-window layers are recorded (and shown in the snapshot).
+    At a forward: any extra argument the model passes (`sinks=`) is refused by name, never ignored."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    from oscar_sgl.config import OscarConfigError
+
+    def build(*modules):
+        pool = pool_class_for(CFG, max_running_requests=4)(
+            64, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS, device="cpu",
+            enable_memory_saver=False,
+        )
+        pool.oscar_set_key_rotation([(True,) * H] * LAYERS)
+        r2t = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
+        model = torch.nn.ModuleList(modules)
+        return pool, create_oscar_backend(SimpleNamespace(device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool,
+                                                          model=model))
+
+    attn = [RadixAttention(HQ, D, D ** -0.5, H, layer_id=0, sliding_window_size=15),
+            RadixAttention(HQ, D, D ** -0.5, H, layer_id=1)]
+    pool, backend = build(*attn)
+    assert snapshot(pool)["sliding_window_layers"] == {"0": 15}
+    sinks = torch.nn.Module()
+    sinks.sinks = torch.nn.Parameter(torch.zeros(HQ), requires_grad=False)
+    with pytest.raises(OscarConfigError, match="must not have attention sinks with --kv-cache oscar, got 2.sinks"):
+        build(*attn, sinks)
+    with pytest.raises(OscarConfigError, match="logit_cap=30.0 at layer 1"):
+        build(attn[0], RadixAttention(HQ, D, D ** -0.5, H, layer_id=1, logit_cap=30.0))
+    q = torch.zeros(1, HQ * D)
+    kv = torch.zeros(1, H, D)
+    fb = _batch(0, torch.zeros(1, dtype=torch.int64), 0, 1)
+    with pytest.raises(OscarConfigError, match="passes sinks at layer 0, which --kv-cache oscar does not compute"):
+        backend.forward_extend(q, kv, kv, attn[0], fb, sinks=torch.zeros(HQ))
+    with pytest.raises(OscarConfigError, match="passes sinks at layer 1"):
+        backend.forward_decode(q, kv, kv, attn[1], fb, sinks=torch.zeros(HQ))
+
+
 def test_cell_size_and_snapshot():
     pool, *_ = _setup()
     s = snapshot(pool)

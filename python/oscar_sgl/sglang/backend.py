@@ -49,6 +49,16 @@ def window_of(layer: Any) -> int | None:
     return int(w) if w is not None and int(w) >= 0 else None
 
 
+def _check_extra(layer: Any, kwargs: dict[str, Any]) -> None:
+    """What a model passes to attention beyond q, k, v (gpt-oss: `sinks`): the kernels compute
+    plain softmax attention, so any such argument is refused by name, never ignored."""
+    extra = sorted(k for k, v in kwargs.items() if v is not None)
+    if extra:
+        raise OscarConfigError(
+            f"the model's attention passes {', '.join(extra)} at layer {getattr(layer, 'layer_id', '?')}, which "
+            "--kv-cache oscar does not compute (plain softmax attention); serve this model with --kv-cache default")
+
+
 def _host_lens(fb: Any) -> list[int]:
     """The batch's sequence lengths as host ints: SGLang's host copy when it has one (no device sync)."""
     cpu = getattr(fb, "seq_lens_cpu", None)
@@ -75,7 +85,11 @@ class OscarAttnBackendMixin:
             # sliding-window ones are recorded for /server_info (each forward reads its layer's window).
             from sglang.srt.layers.radix_attention import RadixAttention
 
-            for m in model.modules():
+            for name, m in model.named_modules():
+                if isinstance(getattr(m, "sinks", None), torch.Tensor):  # gpt-oss: learned softmax sinks
+                    raise OscarConfigError(
+                        f"the model's attention must not have attention sinks with --kv-cache oscar, got {name}.sinks: "
+                        "the OScaR kernels compute plain softmax attention; serve this model with --kv-cache default")
                 if isinstance(m, RadixAttention):
                     check_layer(m)
                     w = window_of(m)
@@ -164,14 +178,16 @@ class OscarAttnBackendMixin:
         return out.reshape(-1, hq * d)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
-                       forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+                       forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any) -> torch.Tensor:
+        _check_extra(layer, kwargs)
         fb = forward_batch
         seq, pre = _host_lens(fb), getattr(fb, "extend_prefix_lens_cpu", None)
         pre = list(pre) if pre is not None else fb.extend_prefix_lens.tolist()
         return self._forward(q, k, v, layer, fb, pre, seq, save_kv_cache, decode=False)
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any,
-                       forward_batch: Any, save_kv_cache: bool = True) -> torch.Tensor:
+                       forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any) -> torch.Tensor:
+        _check_extra(layer, kwargs)
         if self.step.in_graph:
             check_layer(layer)
             if not save_kv_cache or k is None or v is None:
