@@ -323,3 +323,115 @@ def test_plan_memory_llama_shape() -> None:
     staging_tokens_bf16 = 64 * 128
     expected = (bf16[5] + 128 - staging_tokens_bf16) * (bf16[1] / int2[1])
     assert math.isclose(int2[5], expected, rel_tol=2e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# Page-grid key ranges (OscarConfig.key_ranges == "page", docs/LAYOUT.md §1)
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def page_k_cases(draw: st.DrawFn) -> tuple[np.ndarray, int, int, int]:
+    bits = draw(st.sampled_from([2, 4]))
+    head_dim = draw(st.sampled_from([64, 128, 256]))
+    heads = draw(st.integers(1, 4))
+    k_group = draw(st.sampled_from([16, 32]))
+    page = k_group * draw(st.sampled_from([1, 2, 4]))
+    pages = draw(st.integers(1, 2))
+    mode = draw(st.sampled_from(["gauss", "mixed", "zeros", "integers"]))
+    magnitude = draw(st.sampled_from([1e-4, 1e-2, 1.0, 30.0, 1e3]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return _fill(rng, (heads, page * pages, head_dim), mode, magnitude), bits, k_group, page
+
+
+def _page_cfg(bits: int, k_group: int, page: int) -> OscarConfig:
+    return OscarConfig(bits=bits, k_group=k_group, page_size=page, key_ranges="page")
+
+
+@SETTINGS
+@given(page_k_cases())
+def test_pack_k_page_matches_reference(case: tuple[np.ndarray, int, int, int]) -> None:
+    x, bits, k_group, page = case
+    h, n, d = x.shape
+    try:
+        codes, grid, ranges = _core.pack_k_page(x.tobytes(), shape=(h, n, d), bits=bits, k_group=k_group, page_size=page)
+    except LayoutError as e:  # a page minimum (or step) beyond fp16: the reference refuses it too
+        assert "fp16 range of the page grid" in str(e) and np.abs(x).max() > 65504
+        with pytest.raises(ValueError, match="fp16 range of the page grid"):
+            reference.pack_k(torch.from_numpy(x), None, _page_cfg(bits, k_group, page))
+        return
+    ref = reference.pack_k(torch.from_numpy(x), None, _page_cfg(bits, k_group, page))
+    assert ref.ranges is not None and ref.params.shape == (h, n // page, 2, d)
+    assert codes == ref.codes.numpy().tobytes()
+    assert grid == ref.params.numpy().tobytes()
+    assert ranges == ref.ranges.numpy().tobytes()
+    # Both dequantize alike, and the reference's blocks say what they cost.
+    y = np.frombuffer(_core.unpack_k_page(codes, grid, ranges, shape=(h, n, d), bits=bits, k_group=k_group, page_size=page),
+                      dtype="<f4").reshape(h, n, d)
+    np.testing.assert_array_equal(y, reference.unpack_k(ref, _page_cfg(bits, k_group, page), d).numpy())
+    assert ref.nbytes() == h * n * d * bits // 8 + h * (n // page) * 2 * d * 2 + h * (n // k_group) * 2 * d
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([2, 4]), st.integers(1, 3), st.data())
+def test_pack_k_page_exact_floats(bits: int, heads: int, data: st.DataObject) -> None:
+    d, n = 8, 16
+    vals = data.draw(st.lists(_finite, min_size=heads * n * d, max_size=heads * n * d))
+    x = np.asarray(vals, dtype=np.float32).reshape(heads, n, d) + np.float32(0.0)
+    cfg = OscarConfig(bits=bits, k_group=4, page_size=8, v_group=8, key_ranges="page")
+    try:
+        codes, grid, ranges = _core.pack_k_page(x.tobytes(), shape=(heads, n, d), bits=bits, k_group=4, page_size=8)
+    except LayoutError as e:
+        # Ranges overflowing fp32, or page minima / steps beyond fp16: the reference refuses them too.
+        with pytest.raises(ValueError):
+            reference.pack_k(torch.from_numpy(x), None, cfg)
+        assert "fp16" in str(e) or "overflows" in str(e)
+        return
+    ref = reference.pack_k(torch.from_numpy(x), None, cfg)
+    assert ref.ranges is not None
+    assert (codes, grid, ranges) == (ref.codes.numpy().tobytes(), ref.params.numpy().tobytes(), ref.ranges.numpy().tobytes())
+
+
+def test_page_ranges_error_bound_and_cost() -> None:
+    """Every key lies within half its group's step (plus one grid step where the fp16 page base
+    rounded above the minimum) of its dequantized value, and the group ranges are what the grid
+    makes of the group's min / max: [lo, hi] rounded outward."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((2, 256, 64)) * np.linspace(0.1, 3.0, 64)).astype(np.float32)
+    x[0, 5, 3] = 40.0  # one outlier widens its page grid only
+    cfg = _page_cfg(2, 16, 128)
+    blk = reference.pack_k(torch.from_numpy(x), None, cfg)
+    y = reference.unpack_k(blk, cfg, 64).numpy()
+    scale, offset = (t.numpy() for t in reference.key_group_params(blk, cfg))
+    scale_t, offset_t = np.repeat(scale[:, :, 0], 16, axis=1), np.repeat(offset[:, :, 0], 16, axis=1)
+    # The page base is the fp16 rounding of the page minimum (up to half an fp16 ulp above it), and
+    # its top, base + 255 * step, the fp16 rounding of the step (up to 255 half ulps of the step below
+    # the maximum): keys beyond clamp to the grid's ends.
+    step = np.repeat(blk.params[:, :, 1].float().numpy(), 128, axis=1)
+    tol = np.abs(np.repeat(blk.params[:, :, 0].float().numpy(), 128, axis=1)) * 2.0**-11 + 255 * step * 2.0**-11 + 1e-6
+    assert np.all(np.abs(y - x) <= scale_t / 2 * (1 + 1e-5) + tol)
+    assert np.all(x >= offset_t - tol) and np.all(x <= offset_t + 3 * scale_t * (1 + 1e-6) + tol)
+    # The outlier's group is coarse, the other groups of its channel and page are not.
+    assert scale[0, 0, 0, 3] > 10 * np.median(scale[0, 1:8, 0, 3])
+    # 2 + 16 / 16 + 32 / 128 bits per key, 2 + 32 / 64 per value, token scales 32 / (2 * 3 * 64).
+    assert OscarConfig(k_group=16, v_group=64, key_ranges="page").effective_bits(3, 64) == pytest.approx(2.875 + 1 / 12)
+    for kw in ({"key_ranges": "page"}, {"key_ranges": "page", "k_group": 16, "v_group": 64}, {}):
+        c = OscarConfig(**kw)  # type: ignore[arg-type]
+        rust = _core.format_cost(shape=(3, 64), bits=2, k_group=c.k_group, v_group=c.v_group, scale_columns=1,
+                                 key_grid_page=c.page_size if c.key_ranges == "page" else 0)
+        assert rust == (c.bytes_per_token(3, 64), c.effective_bits(3, 64))
+
+
+def test_page_ranges_config_errors() -> None:
+    from oscar_sgl.config import OscarConfigError
+
+    with pytest.raises(OscarConfigError, match="key_ranges must be one of 'group', 'page'"):
+        OscarConfig(key_ranges="pages")  # type: ignore[arg-type]
+    for clip in ("keys", "both"):
+        with pytest.raises(OscarConfigError, match="clips key groups"):
+            OscarConfig(key_ranges="page", clip=clip)  # type: ignore[arg-type]
+    assert OscarConfig(key_ranges="page", clip="values").label == "oscar+clip-values+page-ranges"
+    with pytest.raises(LayoutError, match="whole pages"):
+        _core.pack_k_page(np.zeros((1, 24, 8), np.float32).tobytes(), shape=(1, 24, 8), bits=2, k_group=4, page_size=16)
+    with pytest.raises(LayoutError, match="key page grid"):
+        _core.unpack_k_page(b"\0" * 32, b"\0" * 2, b"\0" * 32, shape=(1, 16, 8), bits=2, k_group=4, page_size=16)

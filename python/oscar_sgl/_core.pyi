@@ -37,8 +37,14 @@ def pack(
     values: bytes, *, part: str, shape: tuple[int, int, int], bits: int, group: int, offset: str = "integer", clip: bool = False
 ) -> tuple[bytes, bytes]: ...
 def unpack(codes: bytes, params: bytes, *, part: str, shape: tuple[int, int, int], bits: int, group: int) -> bytes: ...
+def pack_k_page(
+    values: bytes, *, shape: tuple[int, int, int], bits: int, k_group: int, page_size: int
+) -> tuple[bytes, bytes, bytes]: ...
+def unpack_k_page(
+    codes: bytes, grid: bytes, ranges: bytes, *, shape: tuple[int, int, int], bits: int, k_group: int, page_size: int
+) -> bytes: ...
 def format_cost(
-    *, shape: tuple[int, int], bits: int, k_group: int, v_group: int, scale_columns: int
+    *, shape: tuple[int, int], bits: int, k_group: int, v_group: int, scale_columns: int, key_grid_page: int = 0
 ) -> tuple[float, float]: ...
 def plan_memory(
     *,
@@ -51,6 +57,7 @@ def plan_memory(
     k_group: int,
     v_group: int,
     scale_columns: int,
+    key_grid_page: int = 0,
 ) -> list[tuple[str, float, int, int, int, int]]: ...
 @final
 class Runtime:
@@ -67,6 +74,7 @@ class Runtime:
         v_group: int,
         scale_columns: int,
         scratch_slots: int = 0,
+        key_grid_page: int = 0,
     ) -> Runtime: ...
     def step(self, ops: bytes, ids: bytes) -> tuple[bytearray, bytearray]: ...
     def flush(self, ops: bytes, ids: bytes) -> None: ...

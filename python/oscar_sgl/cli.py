@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from .config import CLIP_CHOICES, INT_FIELD_LIMIT, METHODS, OFFSET_CHOICES, OscarConfig, OscarConfigError
+from .config import CLIP_CHOICES, INT_FIELD_LIMIT, KEY_RANGES_CHOICES, METHODS, OFFSET_CHOICES, OscarConfig, OscarConfigError
 
 EMBEDDED_TEXT = "embedded:emma_opening.txt"
 
@@ -164,7 +164,8 @@ def _add_quant_flags(p: argparse.ArgumentParser) -> None:
 
 #: OscarConfig field -> the flag that sets it, for error messages.
 CONFIG_FLAGS = {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group", "page_size": "--page-size",
-                "norm_scope": "--norm-scope", "key_rotation_min_alignment": "--key-rotation-min-alignment"}
+                "norm_scope": "--norm-scope", "key_rotation_min_alignment": "--key-rotation-min-alignment",
+                "offset": "--offset", "clip": "--clip", "key_ranges": "--key-ranges"}
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -215,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "minimum; several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
     ppl.add_argument("--clip", nargs="+", choices=CLIP_CHOICES, default=[OscarConfig().clip],
                      help="which groups get the seal-time MSE clip search (range shrunk to 1 .. 3/4 of its width); "
+                     "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+    ppl.add_argument("--key-ranges", nargs="+", choices=KEY_RANGES_CHOICES, default=[OscarConfig().key_ranges],
+                     help="how a key group's range is stored: an fp16 scale/offset pair per group (the paper), or two "
+                     "uint8 indices into a per-page fp16 grid, half the bits per group (use with --k-group 16); "
                      "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -309,12 +314,14 @@ def _configs(args: argparse.Namespace) -> list[OscarConfig]:
              if getattr(args, k, None) is not None}
     OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
                            page_size=args.page_size, norm_scope=args.norm_scope, **extra)  # errors name the flag
-    quantizers = [(o, c) for o in dict.fromkeys(getattr(args, "offset", None) or [OscarConfig().offset])
-                  for c in dict.fromkeys(getattr(args, "clip", None) or [OscarConfig().clip])]
+    quantizers = [(o, c, r) for o in dict.fromkeys(getattr(args, "offset", None) or [OscarConfig().offset])
+                  for c in dict.fromkeys(getattr(args, "clip", None) or [OscarConfig().clip])
+                  for r in dict.fromkeys(getattr(args, "key_ranges", None) or [OscarConfig().key_ranges])]
     return [
-        OscarConfig.for_method(m, bits=b, k_group=args.k_group, v_group=args.v_group,
-                               page_size=args.page_size, norm_scope=args.norm_scope, offset=o, clip=c, **extra)
-        for b in args.bits for m in args.methods for o, c in quantizers
+        OscarConfig.from_flags(CONFIG_FLAGS, **dict(zip(("rotation", "token_scaling"), METHODS[m])), bits=b,
+                               k_group=args.k_group, v_group=args.v_group, page_size=args.page_size,
+                               norm_scope=args.norm_scope, offset=o, clip=c, key_ranges=r, **extra)
+        for b in args.bits for m in args.methods for o, c, r in quantizers
     ]
 
 

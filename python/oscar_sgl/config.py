@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal, Mapping
 
 from .errors import OscarConfigError
-from .supported import CLIP_CHOICES, INT_FIELD_LIMIT, OFFSET_CHOICES, check_fields, check_layer_shape
+from .supported import CLIP_CHOICES, INT_FIELD_LIMIT, KEY_RANGES_CHOICES, OFFSET_CHOICES, check_fields, check_layer_shape
 
-__all__ = ["CLIP_CHOICES", "INT_FIELD_LIMIT", "LAYOUT_VERSION", "METHODS", "OFFSET_CHOICES", "Clip", "KeyRotation", "NormScope",
+__all__ = ["CLIP_CHOICES", "INT_FIELD_LIMIT", "KEY_RANGES_CHOICES", "LAYOUT_VERSION", "METHODS", "OFFSET_CHOICES", "Clip",
+           "KeyRanges", "KeyRotation", "NormScope",
            "Offset", "OscarConfig", "SlidingLayers", "OscarConfigError"]
 
 NormScope = Literal["layer", "head"]
@@ -21,6 +22,7 @@ KeyRotation = Literal["all", "weights"]
 SlidingLayers = Literal["quantized", "bf16"]
 Offset = Literal["integer", "min"]
 Clip = Literal["none", "keys", "values", "both"]
+KeyRanges = Literal["group", "page"]
 
 #: method name -> (rotation, token_scaling). `kivi` is plain per-channel-K / per-token-V
 #: quantization; `oscar` is the full method.
@@ -72,6 +74,13 @@ class OscarConfig:
             "keys", "values" or "both". A searched group tries its range shrunk about its middle
             to 1, 15/16, 7/8, 13/16 and 3/4 of its width and keeps the one with the least squared
             error. Seal time only: the packed layout and the decode path do not change.
+        key_ranges: how a key group's range is stored (docs/LAYOUT.md §1): "group" (the paper: an
+            fp16 scale/offset pair per k_group tokens of a (head, channel)) or "page" (per (page,
+            head, channel) an fp16 grid of 256 levels spanning the page's keys, and per k_group
+            tokens two uint8 indices into it, the group's range rounded outward to the grid:
+            16 bits per group instead of 32, so `k_group=16` costs what 32 costs as "group",
+            plus 32 bits per page). Key groups are always quantized on their range's grid
+            (`offset` and `clip` then apply to the values only). Quality and bits: docs/OSCAR.md §2.3.
     """
 
     bits: int = 2
@@ -86,6 +95,7 @@ class OscarConfig:
     sliding_layers: SlidingLayers = "quantized"
     offset: Offset = "integer"
     clip: Clip = "none"
+    key_ranges: KeyRanges = "group"
 
     def __post_init__(self) -> None:
         check_fields(self.to_dict())
@@ -116,7 +126,8 @@ class OscarConfig:
     def label(self) -> str:
         """`method`, plus the seal-time quantizer options that differ from the defaults
         (``oscar``, ``oscar+min``, ``oscar+clip-values``, ``oscar+min+clip-values``)."""
-        return self.method + ("+min" if self.offset == "min" else "") + ("" if self.clip == "none" else f"+clip-{self.clip}")
+        return (self.method + ("+min" if self.offset == "min" else "") + ("" if self.clip == "none" else f"+clip-{self.clip}")
+                + ("+page-ranges" if self.key_ranges == "page" else ""))
 
     @property
     def clip_keys(self) -> bool:
@@ -141,7 +152,8 @@ class OscarConfig:
         """Packed bytes per token per layer (codes + params + token scales), BF16 tail excluded."""
         self.check_shape(num_kv_heads, head_dim)
         h, d = num_kv_heads, head_dim
-        per_head = 2 * d * self.bits / 8 + 4 * d / self.k_group + 4 * d / self.v_group
+        k_params = 2 * d / self.k_group + 4 * d / self.page_size if self.key_ranges == "page" else 4 * d / self.k_group
+        per_head = 2 * d * self.bits / 8 + k_params + 4 * d / self.v_group
         return h * per_head + 4 * self.scale_columns(h)
 
     def effective_bits(self, num_kv_heads: int, head_dim: int) -> float:

@@ -181,6 +181,71 @@ def quantize_groups(x: torch.Tensor, bits: int, dim: int, offset: str = "integer
     return q.to(torch.uint8), scale.to(torch.float16), off.to(torch.float16)
 
 
+#: Levels of a page's key grid (`OscarConfig.key_ranges == "page"`): uint8 indices 0..255.
+PAGE_GRID_STEPS = 255
+
+
+def page_key_grid(x: torch.Tensor, bits: int, k_group: int, page_size: int) -> tuple[torch.Tensor, ...]:
+    """Quantize keys with page-grid ranges (docs/LAYOUT.md §1, `key_ranges="page"`).
+
+    Per (head, page, channel): base = fp16(min), step = fp16((max - base) / 255) (a step that is
+    not > 0 stores 0: the page is constant); per k_group tokens of a (head, channel) the group's
+    [lo, hi] rounded outward to the grid: a = clamp(floor((lo - base) / step), 0, 255), b =
+    clamp(ceil((hi - base) / step), 0, 255); the group's grid is offset = base + a * step, scale =
+    (b - a) * step / qmax and codes clamp(rne((x - offset) / scale), 0, qmax) (0 where scale is
+    not > 0). fp32 throughout, true divisions, no fused multiply-add.
+
+    Args:
+        x: fp32 `[H, n, D]` keys (rotated and divided by s as stored), n a multiple of page_size.
+    Returns:
+        `(q, grid, ranges, scale, offset)`: uint8 codes `[H, n, D]`, fp16 `[H, n/P, 2, D]` (base,
+        step), uint8 `[H, n/G_K, 2, D]` (a, b), and the fp32 group grid `[H, n/G_K, 1, D]` (scale,
+        offset) that dequantizes the codes.
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"page_key_grid wants fp32 input, got {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("cannot quantize NaN or Inf (the KV entering the cache is not finite)")
+    h, n, d = x.shape
+    if n % page_size or page_size % k_group:
+        raise ValueError(f"a key block of {n} tokens is not whole pages of {page_size} in groups of {k_group}")
+    qmax = float((1 << bits) - 1)
+    x = (x + 0.0).reshape(h, n // page_size, page_size // k_group, k_group, d)
+    g_lo, g_hi = x.amin(dim=3), x.amax(dim=3)  # [H, pages, groups, D]
+    base_h = g_lo.amin(dim=2).to(torch.float16)  # [H, pages, D]
+    base = base_h.to(torch.float32)
+    step_h = ((g_hi.amax(dim=2) - base) / PAGE_GRID_STEPS).to(torch.float16)
+    if not bool(torch.isfinite(base_h).all() & torch.isfinite(step_h).all()):
+        raise ValueError("a page's keys exceed the fp16 range of the page grid (|k| > 65504)")
+    step_h = torch.where(step_h.to(torch.float32) > 0, step_h, torch.zeros_like(step_h))
+    step = step_h.to(torch.float32)[:, :, None, :]
+    b0 = base[:, :, None, :]
+    normal = step > 0
+    safe = torch.where(normal, step, torch.ones_like(step))
+    a = torch.clamp(torch.floor((g_lo - b0) / safe), 0.0, float(PAGE_GRID_STEPS))
+    b = torch.clamp(torch.ceil((g_hi - b0) / safe), 0.0, float(PAGE_GRID_STEPS))
+    a = torch.where(normal, a, torch.zeros_like(a))
+    b = torch.where(normal, b, torch.zeros_like(b))
+    scale, offset = page_group_grid(b0, step, a, b, qmax)
+    sc, off = scale[:, :, :, None, :], offset[:, :, :, None, :]
+    ok = sc > 0
+    q = torch.clamp(torch.round((x - off) / torch.where(ok, sc, torch.ones_like(sc))), 0.0, qmax)
+    q = torch.where(ok, q, torch.zeros_like(q)).reshape(h, n, d)
+    grid = torch.stack((base_h, step_h), dim=2)  # [H, pages, 2, D]
+    ranges = torch.stack((a, b), dim=3).reshape(h, n // k_group, 2, d).to(torch.uint8)
+    return (q.to(torch.uint8), grid, ranges, scale.reshape(h, n // k_group, 1, d),
+            offset.reshape(h, n // k_group, 1, d))
+
+
+def page_group_grid(base: torch.Tensor, step: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                    qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A key group's fp32 `(scale, offset)` from its page grid (base, step) and indices (a, b):
+    offset = base + a * step, scale = (b - a) * step / qmax (each product and sum rounded)."""
+    offset = base + a * step
+    scale = ((b - a) * step) / qmax
+    return scale, offset
+
+
 def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack uint8 codes along the last dim, little-endian inside a byte: `[..., D] -> [..., D*bits/8]`."""
     per_byte = 8 // bits
@@ -210,10 +275,14 @@ class KBlock:
     """Packed keys of `n` tokens of one layer (docs/LAYOUT.md section 3)."""
 
     codes: torch.Tensor  # uint8 [H, n, D*b/8]
-    params: torch.Tensor  # fp16 [H, n/G_K, 2, D]
+    #: fp16 [H, n/G_K, 2, D] (scale, offset) per key group; with `key_ranges="page"` the page
+    #: grids, fp16 [H, n/P, 2, D] (base, step).
+    params: torch.Tensor
     scale: torch.Tensor | None  # fp32 [n, S] or None when token scaling is off
     #: bool per KV head: whether its keys were rotated (None: every head, as `cfg.rotation` says).
     key_rotated: tuple[bool, ...] | None = None
+    #: uint8 [H, n/G_K, 2, D] (a, b) per key group with `key_ranges="page"`, else None.
+    ranges: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -221,6 +290,7 @@ class KBlock:
 
     def nbytes(self) -> int:
         extra = self.scale.numel() * 4 if self.scale is not None else 0
+        extra += self.ranges.numel() if self.ranges is not None else 0
         return self.codes.numel() + self.params.numel() * 2 + extra
 
 
@@ -254,11 +324,16 @@ def pack_k(k_rot: torch.Tensor, s: torch.Tensor | None, cfg: OscarConfig) -> KBl
     x = k_rot.to(torch.float32)
     if s is not None:
         x = x / _broadcast_scale(s.to(torch.float32), h)
+    s32 = None if s is None else s.to(torch.float32).contiguous()
+    if cfg.key_ranges == "page":
+        q, grid, ranges, _, _ = page_key_grid(x, cfg.bits, cfg.k_group, cfg.page_size)
+        return KBlock(codes=pack_codes(q, cfg.bits).contiguous(), params=grid.contiguous(), scale=s32,
+                      ranges=ranges.contiguous())
     x = x.reshape(h, n // cfg.k_group, cfg.k_group, d)
     q, sc, off = quantize_groups(x, cfg.bits, dim=2, offset=cfg.offset, clip=cfg.clip_keys)
     codes = pack_codes(q.reshape(h, n, d), cfg.bits)
     params = torch.cat((sc, off), dim=2)  # [H, n/G, 2, D]
-    return KBlock(codes=codes.contiguous(), params=params.contiguous(), scale=None if s is None else s.to(torch.float32).contiguous())
+    return KBlock(codes=codes.contiguous(), params=params.contiguous(), scale=s32)
 
 
 def pack_v(v_rot: torch.Tensor, cfg: OscarConfig) -> VBlock:
@@ -275,9 +350,20 @@ def unpack_k(block: KBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:
     """Dequantized normalized keys `[H, n, D]` fp32 (still rotated, still divided by s)."""
     h, n, _ = block.codes.shape
     q = unpack_codes(block.codes, cfg.bits).to(torch.float32).reshape(h, n // cfg.k_group, cfg.k_group, head_dim)
-    sc = block.params[:, :, 0:1, :].to(torch.float32)
-    off = block.params[:, :, 1:2, :].to(torch.float32)
+    sc, off = key_group_params(block, cfg)
     return (q * sc + off).reshape(h, n, head_dim)
+
+
+def key_group_params(block: KBlock, cfg: OscarConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 `(scale, offset)` `[H, n/G_K, 1, D]` of every key group of a block, either layout."""
+    if block.ranges is None:
+        return block.params[:, :, 0:1, :].to(torch.float32), block.params[:, :, 1:2, :].to(torch.float32)
+    h, groups, _, d = block.ranges.shape
+    per_page = cfg.page_size // cfg.k_group
+    grid = block.params.to(torch.float32).repeat_interleave(per_page, dim=1)  # [H, n/G, 2, D]
+    idx = block.ranges.to(torch.float32)
+    return page_group_grid(grid[:, :, 0:1, :], grid[:, :, 1:2, :], idx[:, :, 0:1, :], idx[:, :, 1:2, :],
+                           float((1 << cfg.bits) - 1))
 
 
 def unpack_v(block: VBlock, cfg: OscarConfig, head_dim: int) -> torch.Tensor:

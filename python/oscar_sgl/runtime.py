@@ -29,11 +29,13 @@ __all__ = [
     "StepResult",
     "bytes_per_token",
     "pack_k",
+    "pack_k_page",
     "pack_v",
     "plan_memory",
     "scratch_slots_needed",
     "staging_slots_needed",
     "unpack_k",
+    "unpack_k_page",
     "unpack_v",
 ]
 
@@ -240,7 +242,8 @@ def scratch_slots_needed(*, max_prefill_tokens: int, page_size: int) -> int:
 
 def _groups(config: OscarConfig, kv_heads: int) -> dict[str, int]:
     """The format arguments every Rust entry point takes besides the bit width."""
-    return {"k_group": config.k_group, "v_group": config.v_group, "scale_columns": config.scale_columns(kv_heads)}
+    return {"k_group": config.k_group, "v_group": config.v_group, "scale_columns": config.scale_columns(kv_heads),
+            "key_grid_page": config.page_size if config.key_ranges == "page" else 0}
 
 
 class OscarRuntime:
@@ -360,6 +363,30 @@ def pack_v(values: npt.ArrayLike, *, bits: int, v_group: int) -> tuple[npt.NDArr
     """Golden value packer: ``[H, n, D]`` fp32 -> codes ``[H, n, D*b/8]``, params ``[H, n, 2, D/v_group]``."""
     codes, params, (h, n, d) = _pack("v", values, bits, v_group)
     return codes, params.reshape(h, n, 2, d // v_group)
+
+
+def pack_k_page(values: npt.ArrayLike, *, bits: int, k_group: int, page_size: int
+                ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float16], npt.NDArray[np.uint8]]:
+    """Golden key packer with page-grid ranges (``OscarConfig.key_ranges == "page"``): ``[H, n, D]``
+    fp32 (already divided by s, n whole pages) -> codes ``[H, n, D*b/8]`` uint8, grid
+    ``[H, n/page_size, 2, D]`` fp16 (base, step), ranges ``[H, n/k_group, 2, D]`` uint8 (a, b)."""
+    raw, (h, n, d) = _f32(values)
+    codes, grid, ranges = _core.pack_k_page(raw, shape=(h, n, d), bits=bits, k_group=k_group, page_size=page_size)
+    return (np.frombuffer(codes, dtype=np.uint8).reshape(h, n, d * bits // 8),
+            np.frombuffer(grid, dtype="<f2").reshape(h, n // page_size, 2, d),
+            np.frombuffer(ranges, dtype=np.uint8).reshape(h, n // k_group, 2, d))
+
+
+def unpack_k_page(codes: npt.ArrayLike, grid: npt.ArrayLike, ranges: npt.ArrayLike, *, bits: int, k_group: int,
+                  page_size: int) -> npt.NDArray[np.float32]:
+    """Dequantized keys ``[H, n, D]`` fp32 from `pack_k_page`'s codes, grid and ranges."""
+    c = np.ascontiguousarray(codes, dtype=np.uint8)
+    h, n, row = c.shape
+    d = row * 8 // bits
+    out = _core.unpack_k_page(c.tobytes(), np.ascontiguousarray(grid, dtype="<f2").tobytes(),
+                              np.ascontiguousarray(ranges, dtype=np.uint8).tobytes(), shape=(h, n, d), bits=bits,
+                              k_group=k_group, page_size=page_size)
+    return np.frombuffer(out, dtype="<f4").reshape(h, n, d)
 
 
 def _pack(part: str, values: npt.ArrayLike, bits: int, group: int

@@ -46,6 +46,7 @@ from .errors import OscarConfigError
 
 __all__ = [
     "CLIP_CHOICES",
+    "KEY_RANGES_CHOICES",
     "INT_FIELD_LIMIT",
     "OFFSET_CHOICES",
     "OscarConfigError",
@@ -65,6 +66,7 @@ INT_FIELD_LIMIT = 2**31
 #: `OscarConfig.offset` and `OscarConfig.clip` values (docs/OSCAR.md §2.3).
 OFFSET_CHOICES = ("integer", "min")
 CLIP_CHOICES = ("none", "keys", "values", "both")
+KEY_RANGES_CHOICES = ("group", "page")
 
 
 def _is_pow2(x: int) -> bool:
@@ -110,10 +112,16 @@ def check_fields(values: Mapping[str, object], name: Callable[[str], str] = str)
         raise OscarConfigError(
             f"{name('sliding_layers')} must be 'quantized' or 'bf16', got {values['sliding_layers']!r}"
         )
-    for field, choices in (("offset", OFFSET_CHOICES), ("clip", CLIP_CHOICES)):
+    for field, choices in (("offset", OFFSET_CHOICES), ("clip", CLIP_CHOICES), ("key_ranges", KEY_RANGES_CHOICES)):
         value = values.get(field, choices[0])
         if value not in choices:
             raise OscarConfigError(f"{name(field)} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    if values.get("key_ranges", "group") == "page" and values.get("clip", "none") in ("keys", "both"):
+        raise OscarConfigError(
+            f"{name('clip')} {values['clip']!r} clips key groups, which {name('key_ranges')} 'page' does not store as "
+            f"free ranges (a key group's range is a pair of indices into its page's grid): use {name('clip')} "
+            "'values' or 'none' with it"
+        )
 
 
 def check_layer_shape(cfg: Any, num_kv_heads: int, head_dim: int) -> None:

@@ -50,7 +50,7 @@ impl Workload {
             scratch_slots: 0,
             kv_heads: 8,
             head_dim: 128,
-            quant: QuantFormat { bits: 2, k_group: 32, v_group: 32, scale_columns: 1 },
+            quant: QuantFormat { bits: 2, k_group: 32, v_group: 32, scale_columns: 1, key_grid_page: 0 },
         })
         .expect("valid bench config");
         let mut w = Self { free, reqs: Vec::new(), ops: Vec::new(), ids: Vec::new() };

@@ -373,6 +373,165 @@ pub fn pack_v(values: &[f32], shape: BlockShape, bits: u32, v_group: usize, quan
     Ok(Packed { codes, params })
 }
 
+/// Levels of a page's key grid (`key_ranges = "page"`): uint8 indices `0..=255`.
+pub const PAGE_GRID_STEPS: f32 = 255.0;
+
+/// Keys packed with page-grid ranges (docs/LAYOUT.md §1, `OscarConfig.key_ranges = "page"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedPageKeys {
+    /// `[H, n, D*b/8]` uint8.
+    pub codes: Vec<u8>,
+    /// `[H, n/P, 2, D]` fp16: row 0 the grid's base, row 1 its step (0: a constant page).
+    pub grid: Vec<f16>,
+    /// `[H, n/G_K, 2, D]` uint8: row 0 the group's first grid index `a`, row 1 its last `b`.
+    pub ranges: Vec<u8>,
+}
+
+/// A key group's fp32 `(scale, offset)` from its page grid and indices:
+/// `offset = base + a * step`, `scale = (b - a) * step / qmax`, each product and sum rounded.
+#[inline]
+pub fn page_group_grid(base: f32, step: f32, a: f32, b: f32, qmax: f32) -> (f32, f32) {
+    let offset = base + a * step;
+    let scale = ((b - a) * step) / qmax;
+    (scale, offset)
+}
+
+fn check_page_k_shape(shape: BlockShape, bits: u32, k_group: usize, page_size: usize) -> Result<usize> {
+    let rb = check_k_shape(shape, bits, k_group)?;
+    if page_size == 0 || !page_size.is_multiple_of(k_group) || !shape.tokens.is_multiple_of(page_size) {
+        return Err(Error::layout(format!(
+            "a key block of {} tokens is not whole pages of {page_size} tokens in groups of k_group={k_group}",
+            shape.tokens
+        )));
+    }
+    Ok(rb)
+}
+
+/// Quantize and pack keys (already divided by their token scale) with page-grid ranges: per
+/// (head, page, channel) `base = f16(min)`, `step = f16((max - base) / 255)` (stored 0 unless
+/// `> 0`); per group of `k_group` tokens `a = clamp(floor((lo - base) / step), 0, 255)`,
+/// `b = clamp(ceil((hi - base) / step), 0, 255)`, the group's grid from [`page_group_grid`] and codes
+/// `clamp(rne((x - offset) / scale), 0, qmax)` (0 where `scale` is not `> 0`). Equals
+/// `oscar_sgl.reference.page_key_grid` byte for byte.
+pub fn pack_k_page(values: &[f32], shape: BlockShape, bits: u32, k_group: usize, page_size: usize) -> Result<PackedPageKeys> {
+    let qmax = check_bits(bits)?;
+    let rb = check_page_k_shape(shape, bits, k_group, page_size)?;
+    check_len("key values", values.len(), shape.elements()?)?;
+    let BlockShape { heads, tokens, head_dim: d } = shape;
+    let (pages, per_page, groups) = (tokens / page_size, page_size / k_group, tokens / k_group);
+    let mut codes = vec![0u8; heads * tokens * rb];
+    let mut grid = vec![f16::ZERO; heads * pages * 2 * d];
+    let mut ranges = vec![0u8; heads * groups * 2 * d];
+    let mut lo = vec![0f32; per_page * d];
+    let mut hi = vec![0f32; per_page * d];
+    let mut group_grid = vec![(0f32, 0f32); per_page * d];
+    for h in 0..heads {
+        for p in 0..pages {
+            let first = (h * tokens + p * page_size) * d;
+            let page = &values[first..first + page_size * d];
+            for (t, row) in page.chunks_exact(d).enumerate() {
+                let g = t / k_group;
+                for (c, &v) in row.iter().enumerate() {
+                    let x = read(v, first + t * d + c)?;
+                    let i = g * d + c;
+                    if t % k_group == 0 || x < lo[i] {
+                        lo[i] = x;
+                    }
+                    if t % k_group == 0 || x > hi[i] {
+                        hi[i] = x;
+                    }
+                }
+            }
+            let gp = (h * pages + p) * 2 * d;
+            for c in 0..d {
+                let (mut p_lo, mut p_hi) = (lo[c], hi[c]);
+                for g in 1..per_page {
+                    p_lo = p_lo.min(lo[g * d + c]);
+                    p_hi = p_hi.max(hi[g * d + c]);
+                }
+                check_range(p_lo, p_hi)?;
+                let base_h = f16::from_f32(p_lo);
+                let base = base_h.to_f32();
+                let step_h = f16::from_f32((p_hi - base) / PAGE_GRID_STEPS);
+                if !base_h.is_finite() || !step_h.is_finite() {
+                    return Err(Error::layout(format!(
+                        "keys in [{p_lo}, {p_hi}] exceed the fp16 range of the page grid (|k| > 65504)"
+                    )));
+                }
+                let step_h = if step_h.to_f32() > 0.0 { step_h } else { f16::ZERO };
+                grid[gp + c] = base_h;
+                grid[gp + d + c] = step_h;
+                let step = step_h.to_f32();
+                for g in 0..per_page {
+                    let i = g * d + c;
+                    let (a, b) = if step > 0.0 {
+                        (
+                            ((lo[i] - base) / step).floor().clamp(0.0, PAGE_GRID_STEPS),
+                            ((hi[i] - base) / step).ceil().clamp(0.0, PAGE_GRID_STEPS),
+                        )
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    let r = (h * groups + p * per_page + g) * 2 * d;
+                    // Integer-valued and inside [0, 255] after the clamp: the casts are exact.
+                    ranges[r + c] = a as u8;
+                    ranges[r + d + c] = b as u8;
+                    group_grid[i] = page_group_grid(base, step, a, b, qmax);
+                }
+            }
+            for (t, row) in page.chunks_exact(d).enumerate() {
+                let out_row = (h * tokens + p * page_size + t) * rb;
+                let dst = &mut codes[out_row..out_row + rb];
+                let gg = &group_grid[(t / k_group) * d..(t / k_group + 1) * d];
+                for (c, (&v, &(scale, offset))) in row.iter().zip(gg).enumerate() {
+                    let q = if scale > 0.0 { ((v + 0.0 - offset) / scale).round_ties_even().clamp(0.0, qmax) } else { 0.0 };
+                    put_code(dst, c, q as u8, bits);
+                }
+            }
+        }
+    }
+    Ok(PackedPageKeys { codes, grid, ranges })
+}
+
+/// Dequantize keys packed by [`pack_k_page`]: `[H, n, D]` f32, `q * scale + offset` with the
+/// group's fp32 grid (still divided by s).
+pub fn unpack_k_page(
+    codes: &[u8],
+    grid: &[f16],
+    ranges: &[u8],
+    shape: BlockShape,
+    bits: u32,
+    k_group: usize,
+    page_size: usize,
+) -> Result<Vec<f32>> {
+    let qmax = check_bits(bits)?;
+    let rb = check_page_k_shape(shape, bits, k_group, page_size)?;
+    let BlockShape { heads, tokens, head_dim: d } = shape;
+    let (pages, groups) = (tokens / page_size, tokens / k_group);
+    check_len("key codes", codes.len(), heads * tokens * rb)?;
+    check_len("key page grid", grid.len(), heads * pages * 2 * d)?;
+    check_len("key ranges", ranges.len(), heads * groups * 2 * d)?;
+    let mut out = Vec::with_capacity(shape.elements()?);
+    for h in 0..heads {
+        for t in 0..tokens {
+            let row = &codes[(h * tokens + t) * rb..(h * tokens + t + 1) * rb];
+            let gp = (h * pages + t / page_size) * 2 * d;
+            let r = (h * groups + t / k_group) * 2 * d;
+            for c in 0..d {
+                let (scale, offset) = page_group_grid(
+                    grid[gp + c].to_f32(),
+                    grid[gp + d + c].to_f32(),
+                    f32::from(ranges[r + c]),
+                    f32::from(ranges[r + d + c]),
+                    qmax,
+                );
+                out.push(f32::from(get_code(row, c, bits)) * scale + offset);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Dequantize keys: `[H, n, D]` f32, `q * f32(scale_h) + f32(offset_h)` (still divided by s).
 pub fn unpack_k(codes: &[u8], params: &[f16], shape: BlockShape, bits: u32, k_group: usize) -> Result<Vec<f32>> {
     let rb = check_k_shape(shape, bits, k_group)?;
@@ -417,6 +576,56 @@ pub fn unpack_v(codes: &[u8], params: &[f16], shape: BlockShape, bits: u32, v_gr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_keys_round_trip_and_bracket() {
+        // 2 heads x 2 pages of 8 tokens x 4 channels, k_group 4: a smooth ramp plus a spike.
+        let shape = BlockShape::new(2, 16, 4);
+        let x: Vec<f32> = (0..128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0 + if i == 77 { 9.0 } else { 0.0 }).collect();
+        for bits in [2u32, 4] {
+            let p = pack_k_page(&x, shape, bits, 4, 8).unwrap();
+            assert_eq!((p.codes.len(), p.grid.len(), p.ranges.len()), (2 * 16 * 4 * bits as usize / 8, 2 * 2 * 2 * 4, 2 * 4 * 2 * 4));
+            let y = unpack_k_page(&p.codes, &p.grid, &p.ranges, shape, bits, 4, 8).unwrap();
+            let qmax = check_bits(bits).unwrap();
+            for h in 0..2 {
+                for g in 0..4 {
+                    let (page, r) = ((h * 2 + g / 2) * 8, (h * 4 + g) * 8);
+                    for c in 0..4 {
+                        let (base, step) = (p.grid[page + c].to_f32(), p.grid[page + 4 + c].to_f32());
+                        let (a, b) = (f32::from(p.ranges[r + c]), f32::from(p.ranges[r + 4 + c]));
+                        assert!(a <= b && step > 0.0);
+                        let (scale, offset) = page_group_grid(base, step, a, b, qmax);
+                        for t in 0..4 {
+                            let i = (h * 16 + g * 4 + t) * 4 + c;
+                            // inside the group's grid (up to the fp16 rounding of base), within half a step
+                            assert!((y[i] - x[i]).abs() <= scale / 2.0 + step + 1e-6, "{} vs {}", y[i], x[i]);
+                            assert!(x[i] >= offset - step && x[i] <= offset + scale * qmax + step);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn page_keys_constant_and_bad_input() {
+        let shape = BlockShape::new(1, 8, 4);
+        let p = pack_k_page(&[0.3; 32], shape, 2, 4, 8).unwrap();
+        assert!(p.ranges.iter().all(|&r| r == 0) && p.codes.iter().all(|&c| c == 0));
+        assert!(p.grid[4..].iter().all(|s| s.to_f32() == 0.0)); // step 0: a constant page
+        let y = unpack_k_page(&p.codes, &p.grid, &p.ranges, shape, 2, 4, 8).unwrap();
+        assert!(y.iter().all(|&v| (v - 0.3).abs() < 1e-3));
+        assert!(pack_k_page(&[0.0; 32], shape, 2, 4, 16).is_err()); // 8 tokens are not pages of 16
+        assert!(pack_k_page(&[0.0; 32], shape, 2, 3, 6).is_err());
+        let mut big = vec![0.0f32; 32];
+        big[5] = -1e6;
+        assert!(pack_k_page(&big, shape, 2, 4, 8).is_err()); // a base beyond fp16
+        big[5] = 1e6;
+        assert!(pack_k_page(&big, shape, 2, 4, 8).is_ok()); // a step of 3922 is fine
+        big[5] = f32::NAN;
+        assert!(pack_k_page(&big, shape, 2, 4, 8).is_err());
+        assert!(unpack_k_page(&p.codes, &p.grid[1..], &p.ranges, shape, 2, 4, 8).is_err());
+    }
 
     /// Today's quantizer: integer zero point, no clip search.
     const PAPER: Quantizer = Quantizer { offset: Offset::Integer, clip: false };

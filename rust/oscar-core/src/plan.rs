@@ -13,6 +13,10 @@ pub struct QuantFormat {
     /// `S`: token-scale columns per token (0 when token scaling is off, 1 for scope `layer`,
     /// `H` for scope `head`).
     pub scale_columns: u32,
+    /// Key ranges (`OscarConfig.key_ranges`): 0 for an fp16 scale/offset pair per key group, or
+    /// the page size `P` for `"page"`: an fp16 (base, step) grid per (page, head, channel) and two
+    /// uint8 indices per key group.
+    pub key_grid_page: u32,
 }
 
 impl QuantFormat {
@@ -38,6 +42,12 @@ impl QuantFormat {
                 self.bits
             )));
         }
+        if self.key_grid_page != 0 && !self.key_grid_page.is_multiple_of(self.k_group) {
+            return Err(Error::layout(format!(
+                "the key page grid spans {} tokens, not a multiple of k_group={}",
+                self.key_grid_page, self.k_group
+            )));
+        }
         if self.scale_columns != 0 && self.scale_columns != 1 && self.scale_columns != kv_heads {
             return Err(Error::layout(format!(
                 "scale_columns must be 0, 1 or num_kv_heads={kv_heads}, got {}",
@@ -47,14 +57,18 @@ impl QuantFormat {
         Ok(())
     }
 
-    /// Packed bytes per token per layer: `H*(2*D*b/8 + 4*D/G_K + 4*D/G_V) + 4*S`, computed in f64
-    /// in the same order as `OscarConfig.bytes_per_token`, so the two agree exactly.
+    /// Packed bytes per token per layer: `H*(2*D*b/8 + K + 4*D/G_V) + 4*S` with key params
+    /// `K = 4*D/G_K` (or `2*D/G_K + 4*D/P` with page-grid key ranges), computed in f64 in the same
+    /// order as `OscarConfig.bytes_per_token`, so the two agree exactly.
     pub fn bytes_per_token(&self, kv_heads: u32, head_dim: u32) -> Result<f64> {
         self.check(kv_heads, head_dim)?;
         let (h, d) = (f64::from(kv_heads), f64::from(head_dim));
-        let per_head = 2.0 * d * f64::from(self.bits) / 8.0
-            + 4.0 * d / f64::from(self.k_group)
-            + 4.0 * d / f64::from(self.v_group);
+        let k_params = if self.key_grid_page == 0 {
+            4.0 * d / f64::from(self.k_group)
+        } else {
+            2.0 * d / f64::from(self.k_group) + 4.0 * d / f64::from(self.key_grid_page)
+        };
+        let per_head = 2.0 * d * f64::from(self.bits) / 8.0 + k_params + 4.0 * d / f64::from(self.v_group);
         Ok(h * per_head + 4.0 * f64::from(self.scale_columns))
     }
 
@@ -72,9 +86,19 @@ impl QuantFormat {
                 self.k_group
             )));
         }
+        if self.key_grid_page != 0 && self.key_grid_page != page_size {
+            return Err(Error::layout(format!(
+                "the key page grid spans {} tokens, but pages hold {page_size}",
+                self.key_grid_page
+            )));
+        }
         let (h, d, p) = (u64::from(kv_heads), u64::from(head_dim), u64::from(page_size));
         let codes = product(&[2, p, d, u64::from(self.bits)])? / 8;
-        let k_params = product(&[4, d, p / u64::from(self.k_group)])?;
+        let k_params = if self.key_grid_page == 0 {
+            product(&[4, d, p / u64::from(self.k_group)])?
+        } else {
+            product(&[2, d, p / u64::from(self.k_group)])?.checked_add(product(&[4, d])?).ok_or_else(overflow)?
+        };
         let v_params = product(&[4, d / u64::from(self.v_group), p])?;
         let scales = product(&[4, u64::from(self.scale_columns), p])?;
         let per_head = codes.checked_add(k_params).and_then(|x| x.checked_add(v_params));
@@ -193,7 +217,7 @@ pub fn plan_memory(
 mod tests {
     use super::*;
 
-    const LAYER: QuantFormat = QuantFormat { bits: 2, k_group: 32, v_group: 32, scale_columns: 1 };
+    const LAYER: QuantFormat = QuantFormat { bits: 2, k_group: 32, v_group: 32, scale_columns: 1, key_grid_page: 0 };
 
     #[test]
     fn layout_doc_numbers() {
@@ -204,6 +228,11 @@ mod tests {
         assert!((LAYER.effective_bits(8, 128).unwrap() - 3.016).abs() < 1e-3);
         assert!((LAYER.effective_bits(3, 64).unwrap() - 3.083).abs() < 1e-3);
         assert_eq!(LAYER.bytes_per_page_layer(8, 128, 128).unwrap(), 772 * 128);
+        // Page-grid key ranges, G_K = 16, G_V = 64, R = 128 on SmolLM2: keys 2 + 1 + 0.25 bits,
+        // values 2 + 0.5, token scales 32 / (2 * 3 * 64).
+        let page = QuantFormat { k_group: 16, v_group: 64, key_grid_page: 128, ..LAYER };
+        assert!((page.effective_bits(3, 64).unwrap() - (2.875 + 32.0 / 384.0)).abs() < 1e-12);
+        assert!(QuantFormat { key_grid_page: 24, ..page }.check(3, 64).is_err());
     }
 
     #[test]
@@ -211,11 +240,13 @@ mod tests {
         for &(h, d, kg, vg, s, p) in
             &[(8u32, 128u32, 32u32, 32u32, 1u32, 128u32), (3, 64, 128, 16, 3, 256), (1, 256, 64, 64, 0, 64)]
         {
-            for bits in [2, 4] {
-                let q = QuantFormat { bits, k_group: kg, v_group: vg, scale_columns: s };
+            for (bits, grid) in [(2, 0), (4, 0), (2, p), (4, p)] {
+                let q = QuantFormat { bits, k_group: kg, v_group: vg, scale_columns: s, key_grid_page: grid };
                 let page = q.bytes_per_page_layer(h, d, p).unwrap() as f64;
                 assert_eq!(page, q.bytes_per_token(h, d).unwrap() * p as f64);
             }
+            let q = QuantFormat { bits: 2, k_group: kg, v_group: vg, scale_columns: s, key_grid_page: p };
+            assert!(q.bytes_per_page_layer(h, d, 2 * p).is_err()); // the grid spans a page
         }
     }
 

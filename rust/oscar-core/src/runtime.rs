@@ -969,7 +969,7 @@ mod tests {
             scratch_slots: 0,
             kv_heads: 2,
             head_dim: 8,
-            quant: QuantFormat { bits: 2, k_group: 4, v_group: 8, scale_columns: 1 },
+            quant: QuantFormat { bits: 2, k_group: 4, v_group: 8, scale_columns: 1, key_grid_page: 0 },
         })
         .unwrap()
     }

@@ -58,7 +58,7 @@ fn runtime(c: Cfg) -> Runtime {
         scratch_slots: c.scratch,
         kv_heads: 2,
         head_dim: 16,
-        quant: QuantFormat { bits: 2, k_group: 4, v_group: 16, scale_columns: 1 },
+        quant: QuantFormat { bits: 2, k_group: 4, v_group: 16, scale_columns: 1, key_grid_page: 0 },
     })
     .expect("valid fuzz config")
 }

@@ -135,7 +135,7 @@ impl Sim {
             scratch_slots: scratch as u32,
             kv_heads: 2,
             head_dim: 16,
-            quant: QuantFormat { bits: 2, k_group: 4, v_group: 16, scale_columns: 1 },
+            quant: QuantFormat { bits: 2, k_group: 4, v_group: 16, scale_columns: 1, key_grid_page: 0 },
         })
         .unwrap();
         let base = |seed: u8| (0..48u32).map(|i| ((i * 7 + u32::from(seed) * 13) % 3) as u8).collect();

@@ -90,8 +90,8 @@ fn i32_bytes<'py>(py: Python<'py>, v: &[i32]) -> Bound<'py, PyByteArray> {
     PyByteArray::new(py, &raw)
 }
 
-fn quant(bits: u32, k_group: u32, v_group: u32, scale_columns: u32) -> QuantFormat {
-    QuantFormat { bits, k_group, v_group, scale_columns }
+fn quant(bits: u32, k_group: u32, v_group: u32, scale_columns: u32, key_grid_page: u32) -> QuantFormat {
+    QuantFormat { bits, k_group, v_group, scale_columns, key_grid_page }
 }
 
 /// The key (`part="k"`) or value (`part="v"`) variant of a packer function.
@@ -149,13 +149,55 @@ fn unpack_block<'py>(
     Ok(f32_bytes(py, &y))
 }
 
+/// Quantize and pack keys (float32 `[H, n, D]` already divided by the token scale) with page-grid
+/// ranges (`OscarConfig.key_ranges = "page"`, docs/LAYOUT.md §1); `shape` is `(H, n, D)`, `n`
+/// whole pages. Returns `(codes [H, n, D*b/8] uint8, grid [H, n/P, 2, D] float16, ranges
+/// [H, n/k_group, 2, D] uint8)` as bytes.
+#[pyfunction]
+#[pyo3(signature = (values, *, shape, bits, k_group, page_size))]
+fn pack_k_page<'py>(
+    py: Python<'py>,
+    values: &[u8],
+    shape: (usize, usize, usize),
+    bits: u32,
+    k_group: usize,
+    page_size: usize,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let x = f32s(py, values)?;
+    let shape = BlockShape::new(shape.0, shape.1, shape.2);
+    let p = py.detach(|| pack::pack_k_page(&x, shape, bits, k_group, page_size)).map_err(|e| to_py_err(py, e))?;
+    Ok((PyBytes::new(py, &p.codes), f16_bytes(py, &p.grid), PyBytes::new(py, &p.ranges)))
+}
+
+/// Dequantize keys packed by `pack_k_page` to float32 `[H, n, D]` bytes.
+#[pyfunction]
+#[pyo3(signature = (codes, grid, ranges, *, shape, bits, k_group, page_size))]
+#[allow(clippy::too_many_arguments)]
+fn unpack_k_page<'py>(
+    py: Python<'py>,
+    codes: &[u8],
+    grid: &[u8],
+    ranges: &[u8],
+    shape: (usize, usize, usize),
+    bits: u32,
+    k_group: usize,
+    page_size: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let g = f16s(py, grid)?;
+    let shape = BlockShape::new(shape.0, shape.1, shape.2);
+    let y = py
+        .detach(|| pack::unpack_k_page(codes, &g, ranges, shape, bits, k_group, page_size))
+        .map_err(|e| to_py_err(py, e))?;
+    Ok(f32_bytes(py, &y))
+}
+
 type PackFn = fn(&[f32], BlockShape, u32, usize, pack::Quantizer) -> oscar_core::Result<pack::Packed>;
 type UnpackFn = fn(&[u8], &[half::f16], BlockShape, u32, usize) -> oscar_core::Result<Vec<f32>>;
 
 /// `(packed bytes per token per layer, stored bits per K/V element)` (docs/LAYOUT.md §4);
 /// `shape` is `(kv_heads, head_dim)`.
 #[pyfunction]
-#[pyo3(signature = (*, shape, bits, k_group, v_group, scale_columns))]
+#[pyo3(signature = (*, shape, bits, k_group, v_group, scale_columns, key_grid_page = 0))]
 fn format_cost(
     py: Python<'_>,
     shape: (u32, u32),
@@ -163,8 +205,9 @@ fn format_cost(
     k_group: u32,
     v_group: u32,
     scale_columns: u32,
+    key_grid_page: u32,
 ) -> PyResult<(f64, f64)> {
-    let q = quant(bits, k_group, v_group, scale_columns);
+    let q = quant(bits, k_group, v_group, scale_columns, key_grid_page);
     let bytes = q.bytes_per_token(shape.0, shape.1).map_err(|e| to_py_err(py, e))?;
     let bits = q.effective_bits(shape.0, shape.1).map_err(|e| to_py_err(py, e))?;
     Ok((bytes, bits))
@@ -176,7 +219,7 @@ type PlanRow = (&'static str, f64, u64, u64, u64, u64);
 /// One row per format (bf16, fp8, int4, int2):
 /// `(name, bytes_per_token, bytes_per_page, staging_bytes, pages, tokens)`.
 #[pyfunction]
-#[pyo3(signature = (*, layers, kv_heads, head_dim, page_size, staging_pages, budget_bytes, k_group, v_group, scale_columns))]
+#[pyo3(signature = (*, layers, kv_heads, head_dim, page_size, staging_pages, budget_bytes, k_group, v_group, scale_columns, key_grid_page = 0))]
 #[allow(clippy::too_many_arguments)]
 fn plan_memory(
     py: Python<'_>,
@@ -189,11 +232,11 @@ fn plan_memory(
     k_group: u32,
     v_group: u32,
     scale_columns: u32,
+    key_grid_page: u32,
 ) -> PyResult<Vec<PlanRow>> {
     let shape = ModelShape { layers, kv_heads, head_dim };
-    let plans =
-        plan::plan_memory(shape, quant(2, k_group, v_group, scale_columns), page_size, staging_pages, budget_bytes)
-            .map_err(|e| to_py_err(py, e))?;
+    let q = quant(2, k_group, v_group, scale_columns, key_grid_page);
+    let plans = plan::plan_memory(shape, q, page_size, staging_pages, budget_bytes).map_err(|e| to_py_err(py, e))?;
     Ok(plans
         .iter()
         .map(|p| (p.dtype.name(), p.bytes_per_token, p.bytes_per_page, p.staging_bytes, p.pages, p.tokens))
@@ -209,7 +252,7 @@ struct Runtime {
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (*, num_pages, page_size, staging_slots, kv_heads, head_dim, bits, k_group, v_group, scale_columns, scratch_slots=0))]
+    #[pyo3(signature = (*, num_pages, page_size, staging_slots, kv_heads, head_dim, bits, k_group, v_group, scale_columns, scratch_slots=0, key_grid_page=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -223,6 +266,7 @@ impl Runtime {
         v_group: u32,
         scale_columns: u32,
         scratch_slots: u32,
+        key_grid_page: u32,
     ) -> PyResult<Self> {
         let cfg = RuntimeConfig {
             num_pages,
@@ -231,7 +275,7 @@ impl Runtime {
             scratch_slots,
             kv_heads,
             head_dim,
-            quant: quant(bits, k_group, v_group, scale_columns),
+            quant: quant(bits, k_group, v_group, scale_columns, key_grid_page),
         };
         let inner = py.detach(|| runtime::Runtime::new(cfg)).map_err(|e| to_py_err(py, e))?;
         Ok(Self { inner })
@@ -350,6 +394,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_function(wrap_pyfunction!(pack_block, m)?)?;
     m.add_function(wrap_pyfunction!(unpack_block, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_k_page, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_k_page, m)?)?;
     m.add_function(wrap_pyfunction!(format_cost, m)?)?;
     m.add_function(wrap_pyfunction!(plan_memory, m)?)?;
     m.add_class::<Runtime>()?;
