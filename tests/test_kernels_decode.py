@@ -106,6 +106,25 @@ def test_decode_group_sizes_and_tiles(bits, k_group, v_group, p, block_n, nan_em
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
+@pytest.mark.parametrize("bits,k_group,v_group,p,block_n,transposed",
+                         [(2, 16, 64, 64, 32, True), (4, 16, 32, 32, 16, False), (2, 32, 64, 64, 64, False), (2, 16, 16, 32, 16, True)])
+def test_decode_page_key_ranges(bits, k_group, v_group, p, block_n, transposed, nan_empty):
+    """Page-grid key ranges (key_ranges="page"): the key params made in the kernel from each page's
+    grid and the groups' indices, tiles of one and several key groups, both stage-1 forms and a
+    window; the Gluon stage 1 refuses them."""
+    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=p, key_ranges="page")
+    pool = build_pool(cfg, h=2, d=64, p=p, lens=[3 * p + 5, p, 1], last_sealed={1}, kinds={0: "mixed"},
+                      seed=40 + k_group + v_group)
+    q = torch.randn(3, 8, 64).bfloat16().to(DEVICE)
+    for window in (None, p + 7):
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), window_left=window,
+                      tune=dict(num_splits=2, block_n=block_n, transposed=transposed))
+        err = rel_rms(out, reference_decode(pool, q, 1.0 / 8, window_left=window))
+        assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e} (window {window})"
+    with pytest.raises(ValueError, match="Gluon stage 1.*page-grid key ranges"):
+        _decode(pool, q, tune=dict(gluon=True))
+
+
 @pytest.mark.parametrize("bits,d,group", [(2, 64, 4), (4, 64, 1), (2, 128, 8), (4, 64, 3), (2, 64, 16)])
 def test_decode_transposed_and_plain_forms(bits, d, group, nan_empty):
     """The transposed form (tokens as the M side of the products, query heads padded to 8 columns,
@@ -349,6 +368,24 @@ def test_decode_refuses_unsupported_shapes():
         oscar_decode_attention(q=q, layer=dataclasses.replace(pool.layer, k_group=8), **kw)
     with pytest.raises(ValueError, match="block_n=48"):
         _decode(pool, q, tune=dict(block_n=48))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("block_n,transposed", [(32, True), (64, False), (None, None)])
+def test_decode_gpu_page_key_ranges(bits, block_n, transposed, nan_empty):
+    """Page-grid key ranges at the Llama-3.1-8B attention shape (G_K = 16, G_V = 128), compiled."""
+    p, h, g, d = 128, 8, 4, 128
+    cfg = OscarConfig(bits=bits, page_size=p, k_group=16, v_group=128, key_ranges="page", offset="min", clip="values")
+    lens = [4096 + 77, 128, 1, 2048, 129]
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed={1}, kinds={4: "mixed"}, device=torch.device("cuda"), seed=9)
+    q = torch.randn(len(lens), h * g, d).bfloat16().cuda()
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(d))
+    tune = None if block_n is None else dict(block_n=block_n, transposed=transposed)
+    out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=tune)
+    err = rel_rms(out, ref)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 
 @gpu

@@ -239,6 +239,22 @@ def test_extend_dequantized_pages_equal_register_dequantization(position):
     assert outs[0][1] < ATTN_BOUND_FP32_OUT and outs[1][1] < ATTN_BOUND_FP32_OUT
 
 
+@pytest.mark.parametrize("position", [True, False])
+@pytest.mark.parametrize("bits,k_group", [(2, 16), (4, 32)])
+def test_extend_page_key_ranges(position, bits, k_group):
+    """Page-grid key ranges (key_ranges="page"): sealed pages read pre-dequantized and in registers,
+    both against the reference, with and without a window."""
+    cfg = OscarConfig(bits=bits, page_size=32, k_group=k_group, v_group=64, key_ranges="page", offset="min", clip="values")
+    cases = [(0, 40), (32, 33), (45, 20), (96, 1)]
+    for window in (None, 40):
+        outs = []
+        for dequantize in (True, False):
+            outs.append(_run(cfg, h=2, group=4, d=64, p=32, cases=cases, seed=33 + k_group, position=position,
+                             tune=dict(dequantize=dequantize), return_out=True, window_left=window))
+        assert outs[0][1] < ATTN_BOUND_FP32_OUT and outs[1][1] < ATTN_BOUND_FP32_OUT, (outs[0][1], outs[1][1], window)
+        assert rel_rms(outs[0][0], outs[1][0]) < 1e-5
+
+
 def test_extend_falls_back_to_registers_past_the_scratch_budget(monkeypatch):
     """A batch whose scratch would exceed ``DEQUANTIZE_SCRATCH_BYTES`` dequantizes in registers
     (no launch of the dequantize kernel) and still matches the reference."""
@@ -309,6 +325,20 @@ def test_extend_gpu_real_sizes(bits, block_m, num_warps, block_n, dequantize, po
     tune = {} if block_m is None else dict(block_m=block_m, num_warps=num_warps, block_n=block_n)
     err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=13,
                tune=dict(tune, dequantize=dequantize), position=position)
+    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("dequantize", [None, False])
+@pytest.mark.parametrize("position", [True, False])
+def test_extend_gpu_page_key_ranges(bits, dequantize, position):
+    """Page-grid key ranges at the Llama-3.1-8B attention shape (G_K = 16, G_V = 128), compiled."""
+    cfg = OscarConfig(bits=bits, page_size=128, k_group=16, v_group=128, key_ranges="page", offset="min", clip="values")
+    cases = [(0, 300), (1024, 200), (128 * 3 + 50, 129), (2048, 1)]
+    err = _run(cfg, h=8, group=4, d=128, p=128, cases=cases, device=torch.device("cuda"), seed=14,
+               tune=dict(dequantize=dequantize), position=position)
     assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
 
 

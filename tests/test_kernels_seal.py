@@ -37,9 +37,11 @@ def _pool(cfg: OscarConfig, *, h: int, d: int, p: int, npages: int):
     """A destination pool full of garbage (codes 0xA5, params and scales NaN)."""
     nbytes = d * cfg.bits // 8
     s_cols = cfg.scale_columns(h)
-    return dict(
+    page_keys = cfg.key_ranges == "page"
+    ranges = {"k_ranges": torch.full((npages, h, p // cfg.k_group, 2, d), 0xA5, dtype=torch.uint8)} if page_keys else {}
+    return ranges | dict(
         k_codes=torch.full((npages, h, p, nbytes), 0xA5, dtype=torch.uint8),
-        k_params=torch.full((npages, h, p // cfg.k_group, 2, d), float("nan"), dtype=torch.float16),
+        k_params=torch.full((npages, h, 1 if page_keys else p // cfg.k_group, 2, d), float("nan"), dtype=torch.float16),
         v_codes=torch.full((npages, h, p, nbytes), 0xA5, dtype=torch.uint8),
         v_params=torch.full((npages, h, p, 2, d // cfg.v_group), float("nan"), dtype=torch.float16),
         scale=torch.full((npages, p, s_cols), float("nan")) if s_cols else None,
@@ -79,6 +81,8 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
         vb = R.pack_v(stg_v[i], cfg)
         assert torch.equal(got["k_codes"][page], kb.codes), f"key codes differ on page {page}"
         assert torch.equal(got["k_params"][page].view(torch.int16), kb.params.view(torch.int16)), f"key params differ on page {page}"
+        if kb.ranges is not None:
+            assert torch.equal(got["k_ranges"][page], kb.ranges), f"key ranges differ on page {page}"
         assert torch.equal(got["v_codes"][page], vb.codes), f"value codes differ on page {page}"
         assert torch.equal(got["v_params"][page].view(torch.int16), vb.params.view(torch.int16)), f"value params differ on page {page}"
         assert not torch.isnan(got["k_params"][page]).any() and not torch.isnan(got["v_params"][page]).any()
@@ -88,8 +92,13 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
             x = stg_k[i].float()
             if stg_s is not None:
                 x = x / R._broadcast_scale(stg_s[i], h)
-            codes, params = _core.pack(x.contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="k", group=cfg.k_group,
-                                       offset=cfg.offset, clip=cfg.clip_keys)
+            if kb.ranges is not None:
+                codes, params, ranges = _core.pack_k_page(x.contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits,
+                                                          k_group=cfg.k_group, page_size=p)
+                assert bytes(ranges) == got["k_ranges"][page].numpy().tobytes(), "key ranges differ from the Rust packer"
+            else:
+                codes, params = _core.pack(x.contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="k",
+                                           group=cfg.k_group, offset=cfg.offset, clip=cfg.clip_keys)
             assert bytes(codes) == got["k_codes"][page].numpy().tobytes(), "key codes differ from the Rust packer"
             assert bytes(params) == got["k_params"][page].numpy().tobytes(), "key params differ from the Rust packer"
             codes, params = _core.pack(stg_v[i].float().contiguous().numpy().tobytes(), shape=(h, p, d), bits=cfg.bits, part="v",
@@ -176,6 +185,30 @@ def test_seal_rejects_bad_seal_options():
                        **_pool(cfg, h=1, d=64, p=32, npages=1), bits=2, k_group=32, v_group=32, **bad)  # fmt: skip
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("d,h,p,k_group,v_group,clip", [(64, 3, 32, 16, 64, "values"), (128, 2, 64, 16, 32, "none"),
+                                                        (64, 1, 32, 32, 16, "none")])
+def test_seal_bytes_match_reference_page_ranges(bits, d, h, p, k_group, v_group, clip):
+    """Page-grid key ranges (key_ranges="page"): the page grids, the groups' indices and the codes
+    equal the reference's and the Rust packer's, constant and mixed pages included."""
+    cfg = OscarConfig(bits=bits, page_size=p, k_group=k_group, v_group=v_group, key_ranges="page", offset="min",
+                      clip=clip)  # type: ignore[arg-type]
+    _run_and_check(cfg, h=h, d=d, p=p, kinds={0: "mixed", 1: "constant", 2: "zero"}, seed=bits + d)
+
+
+def test_seal_page_ranges_refuse_key_clipping():
+    cfg = OscarConfig(bits=2, page_size=32, key_ranges="page")
+    stg_k, stg_v, stg_s = _staging(cfg, h=1, d=64, p=32, ns=1, kinds={}, seed=0)
+    with pytest.raises(ValueError, match="clips key groups"):
+        oscar_seal(plan=torch.tensor([[0, 0]], dtype=torch.int32), staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s,
+                   **_pool(cfg, h=1, d=64, p=32, npages=1), bits=2, k_group=32, v_group=32, clip="keys")  # fmt: skip
+    pool = _pool(cfg, h=1, d=64, p=32, npages=1)
+    pool["k_params"] = torch.zeros((1, 1, 1, 2, 64), dtype=torch.float16)[:, :, :, :, :32]
+    with pytest.raises(ValueError, match="k_params must be contiguous"):
+        oscar_seal(plan=torch.tensor([[0, 0]], dtype=torch.int32), staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s,
+                   **pool, bits=2, k_group=32, v_group=32)  # fmt: skip
+
+
 def test_seal_v_group_16_and_64():
     for v_group in (16, 64):
         cfg = OscarConfig(bits=4, v_group=v_group, page_size=32)
@@ -213,3 +246,15 @@ def test_seal_bytes_match_reference_gpu_seal_options(bits, offset, clip):
     """The seal-time quantizer options, compiled, at the Llama-3.1-8B layer shape, bit for bit."""
     cfg = OscarConfig(bits=bits, page_size=128, offset=offset, clip=clip)  # type: ignore[arg-type]
     _run_and_check(cfg, h=8, d=128, p=128, kinds={1: "mixed", 2: "constant"}, seed=12, device=torch.device("cuda"))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("d,k_group,v_group", [(128, 16, 128), (64, 16, 64), (256, 16, 64)])
+def test_seal_bytes_match_reference_gpu_page_ranges(bits, d, k_group, v_group):
+    """Page-grid key ranges, compiled, P = 128, bit for bit."""
+    cfg = OscarConfig(bits=bits, page_size=128, k_group=k_group, v_group=v_group, key_ranges="page", offset="min",
+                      clip="values")  # type: ignore[arg-type]
+    _run_and_check(cfg, h=8 if d == 128 else 2, d=d, p=128, kinds={1: "mixed", 2: "constant"}, seed=13,
+                   device=torch.device("cuda"))

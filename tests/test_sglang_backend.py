@@ -24,16 +24,17 @@ from support.kernel_data import query_reference  # noqa: E402
 
 H, HQ, D, P, LAYERS = 2, 4, 16, 16, 2
 CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
+CFG_PAGE = CFG.replace(key_ranges="page")
 
 
-def _setup(max_tokens=256, prefill="position", plan=None, window=-1):
+def _setup(max_tokens=256, prefill="position", plan=None, window=-1, cfg=CFG):
     """The stack over a pool whose key-rotation plan is ``plan`` (default: every head's keys
     rotated; the backend computes it from the weights only when none is installed, and these
     runners hold no model). ``window``: the layers' sliding window (SGLang's -1: none)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    pool = pool_class_for(CFG, max_running_requests=4, prefill=prefill)(
+    pool = pool_class_for(cfg, max_running_requests=4, prefill=prefill)(
         max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
         device="cpu", enable_memory_saver=False,
     )
@@ -56,17 +57,19 @@ def _batch(row, slots, prefix, seq):
 PLANS = {"all": None, "mixed+kivi": [(True, False), (False, False)]}  # per layer, one flag per KV head
 
 
-@pytest.mark.parametrize("plan,window", [("all", -1), ("mixed+kivi", -1), ("all", 20)])
+@pytest.mark.parametrize("plan,window,cfg", [("all", -1, CFG), ("mixed+kivi", -1, CFG), ("all", 20, CFG),
+                                             ("mixed+kivi", 20, CFG_PAGE)])
 @pytest.mark.parametrize("mode", ["position", "exact"])
 @pytest.mark.parametrize("prefill", [37, 32, 5])
-def test_extend_then_decode_equals_reference(prefill, mode, plan, window):
+def test_extend_then_decode_equals_reference(prefill, mode, plan, window, cfg):
     """``plan`` "mixed+kivi": layer 0 rotates head 0's keys only, layer 1 none (stored as KIVI).
-    ``window`` 20: sliding-window layers (a query at x sees x - 20 .. x)."""
+    ``window`` 20: sliding-window layers (a query at x sees x - 20 .. x). ``cfg`` `CFG_PAGE`:
+    page-grid key ranges."""
     if (plan != "all" or window >= 0) and prefill == 32:
         pytest.skip("the key-rotation plan and the window are covered at prefill 37 and 5")
     torch.manual_seed(prefill)
     flags = PLANS[plan]
-    pool, alloc, r2t, backend, layers = _setup(prefill=mode, plan=flags, window=window)
+    pool, alloc, r2t, backend, layers = _setup(prefill=mode, plan=flags, window=window, cfg=cfg)
     total = prefill + 20
     slots = torch.zeros(total, dtype=torch.int64)
     k_all = torch.randn(LAYERS, H, total, D) * torch.linspace(0.5, 4, total)[None, None, :, None]
@@ -96,7 +99,7 @@ def test_extend_then_decode_equals_reference(prefill, mode, plan, window):
             fwd = backend.forward_decode if decode else backend.forward_extend
             o = fwd(q, k, v, layer, fb).reshape(seq - prefix, HQ, D)
             for i, pos in enumerate(range(prefix, seq)):
-                want = query_reference(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode, CFG, D ** -0.5,
+                want = query_reference(q_all[li, pos], k_all[li], v_all[li], pos, prefix, mode, cfg, D ** -0.5,
                                        key_rotated=flags[li] if flags else None, window_left=window)
                 torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
 
@@ -107,9 +110,12 @@ def test_extend_then_decode_equals_reference(prefill, mode, plan, window):
     # Sealed pages hold exactly the reference bytes.
     first = int(slots[0]) // P
     for li in range(LAYERS):
-        kb, vb = ref.seal(k_all[li, :, :P], v_all[li, :, :P], CFG, flags[li] if flags else None)
+        kb, vb = ref.seal(k_all[li, :, :P], v_all[li, :, :P], cfg, flags[li] if flags else None)
         assert torch.equal(pool.k_codes[li][first], kb.codes) and torch.equal(pool.v_codes[li][first], vb.codes)
         assert torch.equal(pool.k_params[li][first], kb.params)
+        assert (kb.ranges is None) == (pool.k_ranges is None)
+        if kb.ranges is not None:
+            assert torch.equal(pool.k_ranges[li][first], kb.ranges)
         assert (kb.scale is None) == (flags is not None and not any(flags[li]))
         if kb.scale is not None:
             assert torch.equal(pool.scales[li][first], kb.scale)

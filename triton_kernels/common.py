@@ -81,9 +81,12 @@ def check_sealed_tile(block_n: int, *, page_size: int, k_group: int) -> None:
 
 
 def check_pool(k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Tensor, v_params: torch.Tensor,
-               scale: torch.Tensor | None, *, bits: int, k_group: int, v_group: int, head_dim: int) -> tuple[int, int, int, int]:
+               scale: torch.Tensor | None, *, bits: int, k_group: int, v_group: int, head_dim: int,
+               k_ranges: torch.Tensor | None = None) -> tuple[int, int, int, int]:
     """The packed pool of one layer (docs/LAYOUT.md section 3) for heads of ``head_dim`` channels:
     a configuration the kernels support, and contiguous tensors of its shapes and dtypes.
+    ``k_ranges``: page-grid key ranges (``key_ranges="page"``): uint8 ``[num_pages, H, P/k_group,
+    2, D]``, and then ``k_params`` holds the page grids, fp16 ``[num_pages, H, 1, 2, D]``.
 
     Returns ``(num_pages, H, P, S)``, S the token-scale columns (0: no token scaling)."""
     if k_codes.dim() != 4:
@@ -93,10 +96,12 @@ def check_pool(k_codes: torch.Tensor, k_params: torch.Tensor, v_codes: torch.Ten
     nbytes = head_dim * bits // 8
     expect = {
         "k_codes": (k_codes, (npages, h, p, nbytes), torch.uint8),
-        "k_params": (k_params, (npages, h, p // k_group, 2, head_dim), torch.float16),
+        "k_params": (k_params, (npages, h, 1 if k_ranges is not None else p // k_group, 2, head_dim), torch.float16),
         "v_codes": (v_codes, (npages, h, p, nbytes), torch.uint8),
         "v_params": (v_params, (npages, h, p, 2, head_dim // v_group), torch.float16),
     }
+    if k_ranges is not None:
+        expect["k_ranges"] = (k_ranges, (npages, h, p // k_group, 2, head_dim), torch.uint8)
     for name, (t, shape, dtype) in expect.items():
         if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
@@ -149,6 +154,8 @@ class PagedLayer:
     Attributes:
         k_codes, v_codes: ``[num_pages, H, P, D*bits/8]`` uint8 packed codes.
         k_params: ``[num_pages, H, P/k_group, 2, D]`` fp16; v_params: ``[num_pages, H, P, 2, D/v_group]`` fp16.
+            With page-grid key ranges (``k_ranges`` given) ``k_params`` is ``[num_pages, H, 1, 2, D]``:
+            each page's grid (base, step) per channel.
         scale: ``[num_pages, P, S]`` fp32 token scales, or None when token scaling is off.
         staging_k, staging_v: ``[num_staging, H, P, D]`` bf16, rotated K/V of open pages.
         page_to_staging: ``[num_pages]`` int32, staging slot of an open page, -1 when sealed.
@@ -172,6 +179,9 @@ class PagedLayer:
     v_group: int
     rotation: bool = True
     key_rotated: torch.Tensor | None = None
+    #: ``[num_pages, H, P/k_group, 2, D]`` uint8 (a, b) grid indices of every key group with
+    #: ``key_ranges="page"`` (docs/LAYOUT.md §1); None: fp16 (scale, offset) pairs in ``k_params``.
+    k_ranges: torch.Tensor | None = None
 
 
 def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> tuple[int, int, int, int, int, int]:
@@ -184,7 +194,7 @@ def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> 
     n, hq, d = q.shape
     L = layer
     _, h, p, s_cols = check_pool(L.k_codes, L.k_params, L.v_codes, L.v_params, L.scale, bits=L.bits, k_group=L.k_group,
-                                 v_group=L.v_group, head_dim=d)
+                                 v_group=L.v_group, head_dim=d, k_ranges=L.k_ranges)
     if hq % h:
         raise ValueError(f"q must be [{rows}, Hq, D={d}] with Hq a multiple of H={h}, got {tuple(q.shape)}")
     check_staging(L.staging_k, L.staging_v, None, num_kv_heads=h, head_dim=d, page_size=p)
@@ -192,19 +202,20 @@ def check_attention_inputs(q: torch.Tensor, layer: PagedLayer, *, rows: str) -> 
     return n, hq, d, h, p, s_cols
 
 
-POOL_TENSORS = ("kw_ptr", "kp_ptr", "vw_ptr", "vp_ptr", "scale_ptr", "stg_k_ptr", "stg_v_ptr", "p2s_ptr")
+POOL_TENSORS = ("kw_ptr", "kp_ptr", "vw_ptr", "vp_ptr", "scale_ptr", "stg_k_ptr", "stg_v_ptr", "p2s_ptr", "kr_ptr")
 """The order of the attention kernels' ``pool`` tuple (``pool_arguments``), by the names the Gluon
 stage 1 takes them under (``named_pool_arguments``)."""
 
 
 def pool_format(k_codes: torch.Tensor, staging_k: torch.Tensor, scale: torch.Tensor | None, *, bits: int, k_group: int,
-                v_group: int) -> dict[str, object]:
+                v_group: int, key_page: bool = False) -> dict[str, object]:
     """The compile-time shape and format of a layer's pool by kernel parameter name (``H, D, P, S,
-    BITS, G_K, G_V``), from its codes ``[pages, H, P, ..]``, staging ``[.., D]`` and token scales
-    ``[.., S]`` (None: S = 0), as checked by ``check_pool`` / ``check_staging``."""
+    BITS, G_K, G_V, KEY_PAGE``), from its codes ``[pages, H, P, ..]``, staging ``[.., D]`` and token
+    scales ``[.., S]`` (None: S = 0), as checked by ``check_pool`` / ``check_staging``; ``key_page``:
+    page-grid key ranges."""
     _, h, p, _ = k_codes.shape
     return {"H": h, "D": staging_k.shape[3], "P": p, "S": scale.shape[-1] if scale is not None else 0, "BITS": bits,
-            "G_K": k_group, "G_V": v_group}
+            "G_K": k_group, "G_V": v_group, "KEY_PAGE": key_page}
 
 
 def pool_arguments(layer: PagedLayer) -> dict[str, object]:
@@ -215,15 +226,22 @@ def pool_arguments(layer: PagedLayer) -> dict[str, object]:
     L = layer
     pool = (L.k_codes.view(torch.int32), L.k_params.flatten(-2).view(torch.int32), L.v_codes.view(torch.int32),
             L.v_params.flatten(-2).view(torch.int32), L.scale if L.scale is not None else L.k_params, L.staging_k, L.staging_v,
-            L.page_to_staging)
-    return {"pool": pool, **pool_format(L.k_codes, L.staging_k, L.scale, bits=L.bits, k_group=L.k_group, v_group=L.v_group)}
+            L.page_to_staging, L.k_ranges if L.k_ranges is not None else L.k_codes)  # (k_ranges read only with KEY_PAGE)
+    return {"pool": pool, **pool_format(L.k_codes, L.staging_k, L.scale, bits=L.bits, k_group=L.k_group, v_group=L.v_group,
+                                        key_page=L.k_ranges is not None)}
 
 
 def named_pool_arguments(layer: PagedLayer) -> dict[str, object]:
     """``pool_arguments`` with the ``pool`` tuple spread under the ``POOL_TENSORS`` names (the Gluon
     stage 1's parameters)."""
+    if layer.k_ranges is not None:
+        raise ValueError("the Gluon stage 1 reads fp16 key params; page-grid key ranges (key_ranges='page') run on the "
+                         "Triton stage 1")
     args = pool_arguments(layer)
-    return {**dict(zip(POOL_TENSORS, args.pop("pool"))), **args}
+    args.pop("KEY_PAGE")
+    named = dict(zip(POOL_TENSORS, args.pop("pool")))
+    named.pop("kr_ptr")
+    return {**named, **args}
 
 
 def rotation_arguments(head_dim: int, rotation: bool) -> dict[str, object]:
@@ -660,7 +678,7 @@ def token_scales(page, t0, s_col, pool, P: tl.constexpr, S: tl.constexpr, BLOCK_
 
 @triton.jit
 def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, P: tl.constexpr,
-             G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr):
+             G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, KEY_PAGE: tl.constexpr = False):
     """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``),
     as loaded (nothing when ``valid`` is false: a prefetch past the end):
     ``(key params [NGT, D], key codes [BLOCK_N, W], s_t [BLOCK_N], value params [BLOCK_N, NG],
@@ -668,7 +686,9 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
 
     The pool arrays (the ``pool`` tuple, ``POOL_TENSORS`` order) come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
     ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs): every load is one
-    contiguous block of >= 4-byte elements. Without token scaling s_t is 1."""
+    contiguous block of >= 4-byte elements. Without token scaling s_t is 1. ``KEY_PAGE``: the key
+    params are made from the page's grid and the groups' indices (``page_key_params``), in the
+    same int32 form."""
     kw_ptr, kp_ptr, vw_ptr, vp_ptr = pool[0], pool[1], pool[2], pool[3]
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
@@ -678,12 +698,50 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
     o_row = (page * H + i_h) * P + o_n
     o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
     o_w = tl.arange(0, W)
-    kp = tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :], mask=valid, other=0)
+    if KEY_PAGE:
+        kp = page_key_params(kp_ptr, pool[8], page, t0, i_h, valid, H, D, BITS, P, G_K, NGT)
+    else:
+        kp = tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :], mask=valid, other=0)
     kw = tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
     st = token_scales(page, t0, s_col, pool, P, S, BLOCK_N, valid)
     vp = tl.load(vp_ptr + o_row[:, None] * NG + tl.arange(0, NG)[None, :], mask=valid, other=0)
     vw = tl.load(vw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
     return kp, kw, st, vp, vw
+
+
+@triton.jit
+def _f16_word(lo, hi):
+    """int32 holding fp16 ``lo`` in its low half and ``hi`` in its high half (the memory order of two
+    consecutive fp16)."""
+    return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
+def page_key_params(grid_ptr, ranges_ptr, page, t0, i_h, valid, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                    P: tl.constexpr, G_K: tl.constexpr, NGT: tl.constexpr):
+    """The key params of the NGT key groups from token ``t0`` of sealed page ``page`` with
+    page-grid ranges, as ``tile_raw`` loads the stored pairs: int32 ``[NGT, D]``, the fp16 scales
+    then offsets of the D channels. ``grid_ptr``: the int32 view ``[.., 1, D]`` of the page grids
+    (fp16 bases then steps), ``ranges_ptr``: uint8 ``[.., P/G_K, 2, D]``. Each group's grid is
+    ``reference.page_group_grid`` in fp32 (offset = base + a * step, scale = (b - a) * step / qmax),
+    rounded to fp16 as the stored pairs are."""
+    HALF: tl.constexpr = D // 2
+    o_w = tl.arange(0, HALF)
+    g0 = (page * H + i_h) * D
+    bw = tl.load(grid_ptr + g0 + o_w, mask=valid, other=0)
+    sw = tl.load(grid_ptr + g0 + HALF + o_w, mask=valid, other=0)
+    base = tl.reshape(tl.join(_f16_lo(bw), _f16_hi(bw)), (D,)).to(tl.float32)
+    step = tl.reshape(tl.join(_f16_lo(sw), _f16_hi(sw)), (D,)).to(tl.float32)
+    o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
+    o_r = o_g[:, None] * (2 * D) + tl.arange(0, D)[None, :]
+    a = tl.load(ranges_ptr + o_r, mask=valid, other=0).to(tl.float32)
+    b = tl.load(ranges_ptr + o_r + D, mask=valid, other=0).to(tl.float32)
+    off = (base[None, :] + a * step[None, :]).to(tl.float16)
+    scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, (1 << BITS) - 1, tl.float32)).to(tl.float16)
+    s_e, s_o = tl.split(tl.reshape(scale, (NGT, HALF, 2)))
+    o_e, o_o = tl.split(tl.reshape(off, (NGT, HALF, 2)))
+    words = tl.join(_f16_word(s_e, s_o), _f16_word(o_e, o_o))  # [NGT, HALF, 2]: scales, offsets
+    return tl.reshape(tl.permute(words, (0, 2, 1)), (NGT, D))
 
 
 @triton.jit
@@ -764,11 +822,11 @@ def safe_max(m_new, row_ok=None):
 @triton.jit
 def sealed_tile(q, page, t0, i_h, s_col, m_i, l_i, acc, pool, sm_scale_log2, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
                 P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
-                USE_ASM: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None, kv_ok=None):
+                USE_ASM: tl.constexpr, TRANS: tl.constexpr = False, row_ok=None, kv_ok=None, KEY_PAGE: tl.constexpr = False):
     """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) against the queries
     ``q``: ``tile_raw`` then ``attend_raw`` (shapes, ``row_ok`` and ``kv_ok`` there). The loads are plain
     blocks, which Triton's software pipeliner prefetches when the caller's loop allows it."""
-    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, pool, H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+    kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, pool, H, D, BITS, P, G_K, G_V, S, BLOCK_N, KEY_PAGE)
     return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
                       row_ok, kv_ok)
 
@@ -793,7 +851,8 @@ def dequantized_tile(q, row0, st, m_i, l_i, acc, sk_ptr, sv_ptr, sm_scale_log2, 
 
 @triton.jit
 def dequantize_tile(page, t0, i_h, row0, pool, sk_ptr, sv_ptr, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
-                    P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr):
+                    P: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr,
+                    KEY_PAGE: tl.constexpr = False):
     """Tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head ``i_h``) dequantized as
     ``attend_raw`` dequantizes them, stored at scratch rows ``[row0, row0 + BLOCK_N)``: fp16 keys
     in the ``channel_of`` order to ``sk_ptr``, values in channel order to ``sv_ptr`` (``[.., D]``
@@ -802,7 +861,7 @@ def dequantize_tile(page, t0, i_h, row0, pool, sk_ptr, sv_ptr, H: tl.constexpr, 
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
     NGT: tl.constexpr = BLOCK_N // GT
-    kp, kw, _, vp, vw = tile_raw(page, t0, i_h, 0, True, pool, H, D, BITS, P, G_K, G_V, 0, BLOCK_N)
+    kp, kw, _, vp, vw = tile_raw(page, t0, i_h, 0, True, pool, H, D, BITS, P, G_K, G_V, 0, BLOCK_N, KEY_PAGE)
     s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
     b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
     vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W, USE_ASM)

@@ -93,7 +93,7 @@ def _decode_stage1_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
-    TRANS: tl.constexpr, WINDOW: tl.constexpr,
+    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr,
 ):
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -167,12 +167,12 @@ def _decode_stage1_kernel(
             page = tl.load(pg_idx + t_lo // TPP, mask=t_lo < t_hi, other=0).to(tl.int64)
             page_n = tl.load(pg_idx + (t_lo + 1) // TPP, mask=t_lo + 1 < t_hi, other=0).to(tl.int64)
             kp, kw, st, vp, vw = tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, t_lo < t_hi, pool,
-                                          H, D, BITS, P, G_K, G_V, S, BLOCK_N)
+                                          H, D, BITS, P, G_K, G_V, S, BLOCK_N, KEY_PAGE)
             for it in tl.range(t_lo, t_hi, num_stages=1):
                 page_nn = tl.load(pg_idx + (it + 2) // TPP, mask=it + 2 < t_hi, other=0).to(tl.int64)
                 kp_n, kw_n, st_n, vp_n, vw_n = tile_raw(
                     page_n, ((it + 1) % TPP) * BLOCK_N, i_h, s_col, it + 1 < t_hi, pool,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, KEY_PAGE,
                 )  # fmt: skip
                 kv_ok = None  # (the window's tokens of the tile; a compile-time None without WINDOW)
                 if WINDOW:
@@ -190,7 +190,7 @@ def _decode_stage1_kernel(
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, (it % TPP) * BLOCK_N, i_h, s_col, m_i, l_i, acc,
                     pool, sm_scale_log2,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok, KEY_PAGE,
                 )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
@@ -223,7 +223,7 @@ def _decode_stage1_kernel(
                 m_i, l_i, acc = sealed_tile(
                     b_q, page, t0, i_h, s_col, m_i, l_i, acc,
                     pool, sm_scale_log2,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None, kv_ok,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, TRANS, None, kv_ok, KEY_PAGE,
                 )  # fmt: skip
 
     # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
@@ -486,6 +486,9 @@ def oscar_decode_attention(
         if window is not None:
             raise ValueError("the Gluon stage 1 (opt-in) has no sliding window: run a sliding-window layer "
                              "(window_left) on the default Triton stage 1")
+        if layer.k_ranges is not None:
+            raise ValueError("the Gluon stage 1 (opt-in) reads fp16 key params: run page-grid key ranges "
+                             "(key_ranges='page') on the default Triton stage 1")
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
         gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones

@@ -45,6 +45,7 @@ def _dequantize_kernel(
     pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr, sk_ptr, sv_ptr, B, window_left,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
     BLOCK_N: tl.constexpr, LOG2B: tl.constexpr, POSITION: tl.constexpr, USE_ASM: tl.constexpr, WINDOW: tl.constexpr,
+    KEY_PAGE: tl.constexpr,
 ):
     """Grid ``(len(kv_page_indices), H, P / BLOCK_N)``: tile ``t`` of KV head ``h`` of the ``i``-th
     page of the batch's page list, dequantized to scratch rows ``(i * H + h) * P + t * BLOCK_N ..``
@@ -75,7 +76,8 @@ def _dequantize_kernel(
         first = 0
     if (j < limit) & (j >= first) & (n_new > 0):
         page = tl.load(page_idx_ptr + i).to(tl.int64)
-        dequantize_tile(page, t0, i_h, (i * H + i_h) * P + t0, pool, sk_ptr, sv_ptr, H, D, BITS, P, G_K, G_V, BLOCK_N, USE_ASM)
+        dequantize_tile(page, t0, i_h, (i * H + i_h) * P + t0, pool, sk_ptr, sv_ptr, H, D, BITS, P, G_K, G_V, BLOCK_N, USE_ASM,
+                        KEY_PAGE)
 
 
 @triton.jit
@@ -88,7 +90,7 @@ def _extend_kernel(
     ROTATE: tl.constexpr, LOG2D: tl.constexpr, INV_SQRT_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
     POSITION: tl.constexpr, DEQUANTIZED: tl.constexpr, INTERPRET: tl.constexpr, USE_ASM: tl.constexpr,
-    WINDOW: tl.constexpr,
+    WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr,
 ):
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -181,7 +183,7 @@ def _extend_kernel(
                         m_i, l_i, acc_r = sealed_tile(
                             b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
                             pool, sm_scale_log2,
-                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok,
+                            H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok, KEY_PAGE,
                         )  # fmt: skip
                 if POSITION:
                     for pi in range(tl.maximum(sp_lo, p_skip), sp_hi):  # below the boundary of some rows only
@@ -193,7 +195,7 @@ def _extend_kernel(
                             m_i, l_i, acc_r = sealed_tile(
                                 b_qr, page, t0, i_h, s_col, m_i, l_i, acc_r,
                                 pool, sm_scale_log2,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi, kv_ok,
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, row_sp > pi, kv_ok, KEY_PAGE,
                             )  # fmt: skip
             # The prefix's own tokens of the open page (BF16 staging), for the rows whose boundary it is.
             if (prefix % P != 0) & (sp_lo == open_page):
@@ -444,7 +446,7 @@ def oscar_extend_attention(
             _dequantize_kernel[(n_g, h, p // deq_n)](
                 pool=pool["pool"], qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages,
                 prefix_lens_ptr=pre_g, sk_ptr=sk, sv_ptr=sv, B=g1 - g0, window_left=window if window is not None else 0,
-                **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V")}, BLOCK_N=deq_n,
+                **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V", "KEY_PAGE")}, BLOCK_N=deq_n,
                 LOG2B=max(1, (g1 - g0).bit_length()), POSITION=bool(position), USE_ASM=use_asm(q.device),
                 WINDOW=window is not None,
             )  # fmt: skip

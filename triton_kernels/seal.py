@@ -9,7 +9,9 @@ along channels. The bytes equal ``oscar_sgl.reference.pack_k`` / ``pack_v`` bit 
 Grid: ``(plan length, H, (P / G_K) * (D / BLOCK_D))``; one program owns ``BLOCK_D`` channels of
 one K group of one head (``G_K`` tokens; key groups are per channel, so channel chunks are
 independent) and the V groups of the same tokens and channels (``BLOCK_D`` is a multiple of
-``G_V``). Plan rows with ``page < 0`` are skipped, so a fixed-size (padded) plan can be replayed in
+``G_V``). With page-grid key ranges (``KEY_PAGE``, ``key_ranges="page"``) a program owns the whole
+page's ``P`` tokens of its channels (the grid spans the page): grid ``(plan length, H, D / BLOCK_D)``,
+keys quantized as ``reference.page_key_grid``. Plan rows with ``page < 0`` are skipped, so a fixed-size (padded) plan can be replayed in
 a CUDA graph.
 """
 
@@ -19,17 +21,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_int32, check_pool, check_staging, clip_range, pack_codes, pool_format, quantize
+from .common import check_int32, check_pool, check_staging, clip_range, pack_codes, pool_format, quantize, rne
 
 
 @triton.jit(do_not_specialize=["num_plan"])
 def _seal_kernel(
-    plan_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, k_codes_ptr, k_params_ptr, v_codes_ptr, v_params_ptr, scale_ptr, num_plan,
+    plan_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, k_codes_ptr, k_params_ptr, v_codes_ptr, v_params_ptr, scale_ptr,
+    k_ranges_ptr, num_plan,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
+    KEY_PAGE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, OFFSET_MIN: tl.constexpr, CLIP_K: tl.constexpr, CLIP_V: tl.constexpr,
 ):
     i_p = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
+    TOK: tl.constexpr = P if KEY_PAGE else G_K  # the tokens of one program
     NCH: tl.constexpr = D // BLOCK_D
     i_g = (tl.program_id(2) // NCH).to(tl.int64)
     i_c = tl.program_id(2) % NCH
@@ -42,7 +47,7 @@ def _seal_kernel(
     page = tl.load(plan_ptr + 2 * i_p).to(tl.int64)
     stg = tl.load(plan_ptr + 2 * i_p + 1).to(tl.int64)
     if page >= 0:
-        o_t = i_g * G_K + tl.arange(0, G_K)  # token inside the page
+        o_t = i_g * TOK + tl.arange(0, TOK)  # token inside the page
         o_d = i_c * BLOCK_D + tl.arange(0, BLOCK_D)
         o_src = ((stg * H + i_h) * P + o_t[:, None]) * D + o_d[None, :]
 
@@ -55,29 +60,32 @@ def _seal_kernel(
                 b_s = tl.load(stg_scale_ptr + (stg * P + o_t) * S + i_h)
             b_k = tl.math.div_rn(b_k, b_s[:, None])
         b_k = b_k + 0.0  # canonical zero (docs/LAYOUT.md §1): -0.0 -> +0.0 before min/max
-        k_lo = tl.min(b_k, axis=0)[None, :]
-        k_hi = tl.max(b_k, axis=0)[None, :]
-        if CLIP_K:
-            k_lo, k_hi = clip_range(b_k, k_lo, k_hi, QMAX, OFFSET_MIN, 0)
-        k_q, k_sc, k_off = quantize(b_k, k_lo, k_hi, QMAX, OFFSET_MIN)
         o_kc = ((page * H + i_h) * P + o_t[:, None]) * BYTES + i_c * CBYTES + tl.arange(0, CBYTES)[None, :]
-        tl.store(k_codes_ptr + o_kc, pack_codes(k_q, G_K, BLOCK_D, BITS))
-        o_kp = (((page * H + i_h) * (P // G_K) + i_g) * 2) * D + o_d
-        tl.store(k_params_ptr + o_kp, tl.reshape(k_sc, (BLOCK_D,)).to(tl.float16))
-        tl.store(k_params_ptr + o_kp + D, tl.reshape(k_off, (BLOCK_D,)).to(tl.float16))
+        if KEY_PAGE:
+            k_q = _page_keys(b_k, k_params_ptr, k_ranges_ptr, page, i_h, o_d, H, D, P, G_K, QMAX, BLOCK_D)
+        else:
+            k_lo = tl.min(b_k, axis=0)[None, :]
+            k_hi = tl.max(b_k, axis=0)[None, :]
+            if CLIP_K:
+                k_lo, k_hi = clip_range(b_k, k_lo, k_hi, QMAX, OFFSET_MIN, 0)
+            k_q, k_sc, k_off = quantize(b_k, k_lo, k_hi, QMAX, OFFSET_MIN)
+            o_kp = (((page * H + i_h) * (P // G_K) + i_g) * 2) * D + o_d
+            tl.store(k_params_ptr + o_kp, tl.reshape(k_sc, (BLOCK_D,)).to(tl.float16))
+            tl.store(k_params_ptr + o_kp + D, tl.reshape(k_off, (BLOCK_D,)).to(tl.float16))
+        tl.store(k_codes_ptr + o_kc, pack_codes(k_q, TOK, BLOCK_D, BITS))
 
         # ---- values: one group = G_V channels of one token ----
-        b_v = tl.reshape(tl.load(stg_v_ptr + o_src).to(tl.float32), (G_K, NGC, G_V))
+        b_v = tl.reshape(tl.load(stg_v_ptr + o_src).to(tl.float32), (TOK, NGC, G_V))
         b_v = b_v + 0.0  # canonical zero
         v_lo = tl.min(b_v, axis=2)[:, :, None]
         v_hi = tl.max(b_v, axis=2)[:, :, None]
         if CLIP_V:
             v_lo, v_hi = clip_range(b_v, v_lo, v_hi, QMAX, OFFSET_MIN, 2)
         v_q, v_sc, v_off = quantize(b_v, v_lo, v_hi, QMAX, OFFSET_MIN)
-        tl.store(v_codes_ptr + o_kc, pack_codes(tl.reshape(v_q, (G_K, BLOCK_D)), G_K, BLOCK_D, BITS))
+        tl.store(v_codes_ptr + o_kc, pack_codes(tl.reshape(v_q, (TOK, BLOCK_D)), TOK, BLOCK_D, BITS))
         o_vp = (((page * H + i_h) * P + o_t[:, None]) * 2) * NG + i_c * NGC + tl.arange(0, NGC)[None, :]
-        tl.store(v_params_ptr + o_vp, tl.reshape(v_sc, (G_K, NGC)).to(tl.float16))
-        tl.store(v_params_ptr + o_vp + NG, tl.reshape(v_off, (G_K, NGC)).to(tl.float16))
+        tl.store(v_params_ptr + o_vp, tl.reshape(v_sc, (TOK, NGC)).to(tl.float16))
+        tl.store(v_params_ptr + o_vp + NG, tl.reshape(v_off, (TOK, NGC)).to(tl.float16))
 
         # ---- token scales, copied exactly (one head's programs do it) ----
         if S > 0:
@@ -86,6 +94,41 @@ def _seal_kernel(
                 m_sc = o_sc[None, :] < S
                 b_all = tl.load(stg_scale_ptr + (stg * P + o_t[:, None]) * S + o_sc[None, :], mask=m_sc)
                 tl.store(scale_ptr + (page * P + o_t[:, None]) * S + o_sc[None, :], b_all, mask=m_sc)
+
+
+@triton.jit
+def _page_keys(b_k, k_params_ptr, k_ranges_ptr, page, i_h, o_d, H: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+               G_K: tl.constexpr, QMAX: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``reference.page_key_grid`` of one page's keys ``[P, BLOCK_D]`` (channels ``o_d``): stores the
+    page grid (fp16 base, step) and the groups' uint8 (a, b), returns the codes ``[P, BLOCK_D]``."""
+    NGP: tl.constexpr = P // G_K
+    x = tl.reshape(b_k, (NGP, G_K, BLOCK_D))
+    g_lo = tl.min(x, axis=1)  # [NGP, BLOCK_D]
+    g_hi = tl.max(x, axis=1)
+    base_h = tl.min(g_lo, axis=0).to(tl.float16)  # round to nearest even
+    base = base_h.to(tl.float32)
+    step = tl.math.div_rn(tl.max(g_hi, axis=0) - base, tl.full(base.shape, 255.0, tl.float32)).to(tl.float16).to(tl.float32)
+    normal = step > 0.0
+    step = tl.where(normal, step, 0.0)
+    o_g = (page * H + i_h) * 2 * D + o_d
+    tl.store(k_params_ptr + o_g, base_h)
+    tl.store(k_params_ptr + o_g + D, step.to(tl.float16))
+    safe = tl.where(normal, step, 1.0)[None, :]
+    a = tl.floor(tl.math.div_rn(g_lo - base[None, :], safe))
+    b = tl.ceil(tl.math.div_rn(g_hi - base[None, :], safe))
+    a = tl.where(normal[None, :], tl.minimum(tl.maximum(a, 0.0), 255.0), 0.0)
+    b = tl.where(normal[None, :], tl.minimum(tl.maximum(b, 0.0), 255.0), 0.0)
+    o_r = (((page * H + i_h) * NGP + tl.arange(0, NGP))[:, None] * 2) * D + o_d[None, :]
+    tl.store(k_ranges_ptr + o_r, a.to(tl.uint8))
+    tl.store(k_ranges_ptr + o_r + D, b.to(tl.uint8))
+    # the group's grid: offset = base + a * step, scale = (b - a) * step / qmax (no contraction)
+    off = base[None, :] + a * step[None, :]
+    scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, QMAX, tl.float32))
+    ok = scale > 0.0
+    s3 = tl.where(ok, scale, 1.0)[:, None, :]
+    q = rne(tl.math.div_rn(x - off[:, None, :], tl.broadcast_to(s3, x.shape)))
+    q = tl.where(ok[:, None, :], tl.minimum(tl.maximum(q, 0.0), QMAX), 0.0)
+    return tl.reshape(q, (P, BLOCK_D))
 
 
 def oscar_seal(
@@ -104,6 +147,7 @@ def oscar_seal(
     v_group: int,
     offset: str = "integer",
     clip: str = "none",
+    k_ranges: torch.Tensor | None = None,
 ) -> None:
     """Quantize the staging pages named by ``plan`` into the packed pool of one layer.
 
@@ -119,6 +163,9 @@ def oscar_seal(
         scale: ``[num_pages, P, S]`` fp32, or None (token scaling off).
         bits, k_group, v_group, offset, clip: the layer's OscarConfig values (offset and clip:
             the seal-time quantizer, docs/OSCAR.md §2.3; the bytes stay those of the reference).
+        k_ranges: ``[num_pages, H, P/k_group, 2, D]`` uint8 with page-grid key ranges
+            (``key_ranges="page"``; ``k_params`` is then ``[num_pages, H, 1, 2, D]``); offset and clip
+            then apply to the values only (``clip`` must not name the keys).
     """
     if offset not in ("integer", "min") or clip not in ("none", "keys", "values", "both"):
         raise ValueError(f"offset must be 'integer' or 'min' and clip 'none', 'keys', 'values' or 'both', got {offset!r}, {clip!r}")
@@ -130,13 +177,17 @@ def oscar_seal(
     if staging_k.dim() != 4:
         raise ValueError(f"staging K must be [num_staging, H, P, D], got {tuple(staging_k.shape)}")
     d = staging_k.shape[3]
-    _, h, p, s_cols = check_pool(k_codes, k_params, v_codes, v_params, scale, bits=bits, k_group=k_group, v_group=v_group, head_dim=d)
+    if k_ranges is not None and clip in ("keys", "both"):
+        raise ValueError(f"clip {clip!r} clips key groups, which page-grid key ranges do not store as free ranges")
+    _, h, p, s_cols = check_pool(k_codes, k_params, v_codes, v_params, scale, bits=bits, k_group=k_group, v_group=v_group,
+                                 head_dim=d, k_ranges=k_ranges)
     check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d, page_size=p, scale_columns=s_cols)
     if n == 0:
         return
     # at most ~4K fp32 values per program (registers), whole V groups, whole bytes
-    block_d = min(d, max(v_group, 4096 // k_group, 8 // bits))
-    _seal_kernel[(n, h, (p // k_group) * (d // block_d))](
+    tok = p if k_ranges is not None else k_group  # the tokens of one program
+    block_d = min(d, max(v_group, 4096 // tok, 8 // bits))
+    _seal_kernel[(n, h, (p // tok) * (d // block_d))](
         plan_ptr=plan,
         stg_k_ptr=staging_k,
         stg_v_ptr=staging_v,
@@ -146,8 +197,9 @@ def oscar_seal(
         v_codes_ptr=v_codes,
         v_params_ptr=v_params,
         scale_ptr=scale if scale is not None else k_codes,
+        k_ranges_ptr=k_ranges if k_ranges is not None else k_codes,  # not read without KEY_PAGE
         num_plan=n,
-        **pool_format(k_codes, staging_k, scale, bits=bits, k_group=k_group, v_group=v_group),
+        **pool_format(k_codes, staging_k, scale, bits=bits, k_group=k_group, v_group=v_group, key_page=k_ranges is not None),
         BLOCK_S=triton.next_power_of_2(max(s_cols, 1)),
         BLOCK_D=block_d,
         OFFSET_MIN=offset == "min",

@@ -137,7 +137,9 @@ def build_pool(
     s_cols = cfg.scale_columns(h) if R.scales_tokens(cfg, key_rotated) else 0
     k_codes = torch.randint(0, 256, (total, h, p, nbytes), dtype=torch.uint8, generator=gen)
     v_codes = torch.randint(0, 256, (total, h, p, nbytes), dtype=torch.uint8, generator=gen)
-    k_params = torch.randn(total, h, p // cfg.k_group, 2, d, generator=gen).half() * 50
+    page_keys = cfg.key_ranges == "page"
+    k_params = torch.randn(total, h, 1 if page_keys else p // cfg.k_group, 2, d, generator=gen).half() * 50
+    k_ranges = torch.randint(0, 256, (total, h, p // cfg.k_group, 2, d), dtype=torch.uint8, generator=gen) if page_keys else None
     v_params = torch.randn(total, h, p, 2, d // cfg.v_group, generator=gen).half() * 50
     scale = torch.rand(total, p, s_cols, generator=gen) * 100 if s_cols else None
     stage_also = stage_also or {}
@@ -172,6 +174,8 @@ def build_pool(
             kb, vb = R.seal(k[:, i * p : (i + 1) * p], v[:, i * p : (i + 1) * p], cfg, key_rotated)
             k_codes[mine[i]] = kb.codes
             k_params[mine[i]] = kb.params
+            if k_ranges is not None:
+                k_ranges[mine[i]] = kb.ranges
             v_codes[mine[i]] = vb.codes
             v_params[mine[i]] = vb.params
             if scale is not None:
@@ -214,7 +218,8 @@ def build_pool(
     pool.layer = PagedLayer(k_codes=dev(k_codes), k_params=dev(k_params), v_codes=dev(v_codes), v_params=dev(v_params),
                             scale=dev(scale), staging_k=dev(staging_k), staging_v=dev(staging_v),
                             page_to_staging=dev(p2s), bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group,
-                            rotation=v_rotated, key_rotated=key_flags(cfg, key_rotated, device))  # fmt: skip
+                            rotation=v_rotated, key_rotated=key_flags(cfg, key_rotated, device),
+                            k_ranges=dev(k_ranges))  # fmt: skip
     return pool
 
 

@@ -40,6 +40,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "norm_scope": ("--oscar-norm-scope", "oscar_norm_scope"),
     "offset": ("--oscar-offset", "oscar_offset"),
     "clip": ("--oscar-clip", "oscar_clip"),
+    "key_ranges": ("--oscar-key-ranges", "oscar_key_ranges"),
     "key_rotation": ("--oscar-key-rotation", "oscar_key_rotation"),
     "key_rotation_min_alignment": ("--oscar-key-rotation-min-alignment", "oscar_key_rotation_min_alignment"),
 }
@@ -62,7 +63,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add `--kv-cache` and the `--oscar-*` flags. Their defaults are `OscarConfig`'s, shown in the
     help; on the namespace an unset flag is None (False for switches), so `config_from_namespace` can
     tell a flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
-    from ..config import CLIP_CHOICES, OFFSET_CHOICES, OscarConfig
+    from ..config import CLIP_CHOICES, KEY_RANGES_CHOICES, OFFSET_CHOICES, OscarConfig
     from .pool import PREFILL_MODES
 
     d = OscarConfig()
@@ -93,6 +94,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--oscar-clip", choices=CLIP_CHOICES,
                    help="Seal-time MSE clip search (each group's range shrunk to 1 .. 3/4 of its width, the least "
                    f"squared error kept) for the key groups, the value groups, both or none (default: {d.clip}).")
+    g.add_argument("--oscar-key-ranges", choices=KEY_RANGES_CHOICES,
+                   help="How a key group's range is stored: 'group' (an fp16 scale/offset pair per group, the paper) "
+                   "or 'page' (two uint8 indices into a per-page fp16 grid: half the bits per group, so "
+                   f"--oscar-k-group 16 costs what 32 costs as 'group') (default: {d.key_ranges}; docs/OSCAR.md §2.3).")
     g.add_argument("--oscar-key-rotation", choices=("weights", "all"),
                    help="Which KV heads' keys are rotated: 'weights' chooses per (layer, KV head) from the loaded "
                    "weights (keys stay unrotated where the channels that carry their energy are not the ones the "

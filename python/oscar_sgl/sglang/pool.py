@@ -4,6 +4,7 @@ Per layer (leading axis = SGLang page id; page 0 is SGLang's padding page and is
 
     k_codes  u8  [num_pages, H, P, D*b/8]      v_codes  u8  [num_pages, H, P, D*b/8]
     k_params f16 [num_pages, H, P/G_K, 2, D]   v_params f16 [num_pages, H, P, 2, D/G_V]
+    (key_ranges="page": k_params f16 [num_pages, H, 1, 2, D], k_ranges u8 [num_pages, H, P/G_K, 2, D])
     scale    f32 [num_pages, P, S]             (absent when S = 0)
     stage_k, stage_v  [num_staging + 1, H, P, D]   staging of open pages (+ a sink page for padding):
                       reference path: model basis, model dtype; kernel path: rotated, BF16
@@ -215,7 +216,11 @@ class OscarKVPoolMixin:
 
         self.k_codes = z((n, h, p, nb), torch.uint8)
         self.v_codes = z((n, h, p, nb), torch.uint8)
-        self.k_params = z((n, h, p // cfg.k_group, 2, d), torch.float16)
+        # Key params: fp16 (scale, offset) per key group, or with page-grid key ranges the page's
+        # grid (base, step) per channel plus uint8 (a, b) indices per key group (docs/LAYOUT.md §1).
+        page_keys = cfg.key_ranges == "page"
+        self.k_params = z((n, h, 1 if page_keys else p // cfg.k_group, 2, d), torch.float16)
+        self.k_ranges = z((n, h, p // cfg.k_group, 2, d), torch.uint8) if page_keys else None
         self.v_params = z((n, h, p, 2, d // cfg.v_group), torch.float16)
         self.scales = z((n, p, self.scale_cols), torch.float32) if self.scale_cols else None
         # One extra staging page: the sink of padding writes (page 0), never read. The reference
@@ -244,7 +249,7 @@ class OscarKVPoolMixin:
         def nb(ts: list[torch.Tensor] | None) -> int:
             return sum(t.numel() * t.element_size() for t in ts or [])
 
-        k = (nb(self.k_codes) + nb(self.k_params) + nb(self.scales) + nb(self.stage_k) + nb(self.stage_scale)
+        k = (nb(self.k_codes) + nb(self.k_params) + nb(self.k_ranges) + nb(self.scales) + nb(self.stage_k) + nb(self.stage_scale)
              + nb([self.scratch_k]) + nb([self.scratch_scale] if self.scratch_scale is not None else None))
         v = nb(self.v_codes) + nb(self.v_params) + nb(self.stage_v) + nb([self.scratch_v])
         return k, v
@@ -398,7 +403,7 @@ class OscarKVPoolMixin:
                           v_params=self.v_params[li], scale=self.layer_scale(li),
                           staging_k=self.stage_k[li], staging_v=self.stage_v[li], page_to_staging=self.page_map,
                           bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, rotation=self.layer_rotates_values(li),
-                          key_rotated=self._key_flags[li])
+                          key_rotated=self._key_flags[li], k_ranges=self.k_ranges[li] if self.k_ranges is not None else None)
 
     def oscar_graph_seal(self, li: int) -> None:
         """The captured seal launch of layer ``li`` over the step's fixed CUDA-graph plan buffer."""
@@ -440,13 +445,16 @@ class OscarKVPoolMixin:
             K.oscar_seal(plan=plan, staging_k=sk, staging_v=sv, staging_scale=ss,
                          k_codes=self.k_codes[li], k_params=self.k_params[li], v_codes=self.v_codes[li],
                          v_params=self.v_params[li], scale=self.layer_scale(li),
-                         bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, offset=cfg.offset, clip=cfg.clip)
+                         bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, offset=cfg.offset, clip=cfg.clip,
+                         k_ranges=self.k_ranges[li] if self.k_ranges is not None else None)
 
     def _seal(self, li: int, page: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize one page `[H, P, D]` of layer `li` into the packed arrays (reference path)."""
         kb, vb = ref.seal(k, v, self.oscar_config, self.layer_plan(li))
         self.k_codes[li][page] = kb.codes
         self.k_params[li][page] = kb.params
+        if self.k_ranges is not None:
+            self.k_ranges[li][page] = kb.ranges
         self.v_codes[li][page] = vb.codes
         self.v_params[li][page] = vb.params
         if kb.scale is not None:
@@ -465,7 +473,8 @@ class OscarKVPoolMixin:
         if self.layer_scale(li) is not None:
             scale = self.scales[li][pages].reshape(n * p, self.scale_cols)
         kb = ref.KBlock(codes=cat_tokens(self.k_codes[li][pages]), params=cat_tokens(self.k_params[li][pages]),
-                        scale=scale)
+                        scale=scale,
+                        ranges=cat_tokens(self.k_ranges[li][pages]) if self.k_ranges is not None else None)
         vb = ref.VBlock(codes=cat_tokens(self.v_codes[li][pages]), params=cat_tokens(self.v_params[li][pages]))
         plan = self.layer_plan(li)
         if plan is not None:  # as `reference.seal` marks the blocks it packs
