@@ -113,19 +113,29 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class OscarSetup:
-    def __init__(self, bits: int, batch: int, ctx: int, copies: int, seed: int = 0):
+    def __init__(self, bits: int, batch: int, ctx: int, copies: int, seed: int = 0, k_group: int = 32, v_group: int = 32,
+                 key_page: bool = False):
         g = torch.Generator(device=DEV).manual_seed(seed)
         self.bits, self.batch, self.ctx, self.copies = bits, batch, ctx, copies
-        self.cfg = OscarConfig(bits=bits, page_size=P)
+        self.k_group, self.v_group, self.key_page = k_group, v_group, key_page
+        self.cfg = OscarConfig(bits=bits, page_size=P, k_group=k_group, v_group=v_group,
+                               key_ranges="page" if key_page else "group")
         pages_req = ctx // P
         npages = copies * batch * pages_req + 1
         nbytes = D * bits // 8
         self.k_codes = torch.randint(0, 256, (npages, H, P, nbytes), dtype=torch.uint8, device=DEV, generator=g)
         self.v_codes = torch.randint(0, 256, (npages, H, P, nbytes), dtype=torch.uint8, device=DEV, generator=g)
-        kp = torch.empty(npages, H, P // 32, 2, D, device=DEV)
+        kp = torch.empty(npages, H, 1 if key_page else P // k_group, 2, D, device=DEV)
         kp[:, :, :, 0].uniform_(0.005, 0.05, generator=g)
         kp[:, :, :, 1].uniform_(-0.1, 0.0, generator=g)
-        vp = torch.empty(npages, H, P, 2, D // 32, device=DEV)
+        if key_page:  # page grids (base, step) and sorted (a, b) indices per key group
+            kp[:, :, :, 0].uniform_(-0.1, 0.0, generator=g)
+            kp[:, :, :, 1].uniform_(1e-4, 1e-3, generator=g)
+            ab = torch.randint(0, 256, (npages, H, P // k_group, 2, D), device=DEV, generator=g, dtype=torch.int32)
+            self.k_ranges = torch.sort(ab, dim=3).values.to(torch.uint8).contiguous()
+        else:
+            self.k_ranges = None
+        vp = torch.empty(npages, H, P, 2, D // v_group, device=DEV)
         vp[:, :, :, 0].uniform_(0.05, 0.5, generator=g)
         vp[:, :, :, 1].uniform_(-1.0, 0.0, generator=g)
         self.k_params, self.v_params = kp.half(), vp.half()
@@ -155,13 +165,14 @@ class OscarSetup:
     def pool(self):
         return dict(layer=PagedLayer(k_codes=self.k_codes, k_params=self.k_params, v_codes=self.v_codes,
                                      v_params=self.v_params, scale=self.scale, staging_k=self.staging_k,
-                                     staging_v=self.staging_v, page_to_staging=self.p2s, bits=self.bits, k_group=32,
-                                     v_group=32))  # fmt: skip
+                                     staging_v=self.staging_v, page_to_staging=self.p2s, bits=self.bits,
+                                     k_group=self.k_group, v_group=self.v_group, k_ranges=self.k_ranges))  # fmt: skip
 
     def kv_bytes(self) -> int:
         """HBM bytes of one call's KV: sealed pages (codes + params + s_t) and the open BF16 page."""
         sealed = self.batch * (self.ctx // P - 1)
-        per_page = H * (2 * P * D * self.bits // 8 + (P // 32) * 2 * D * 2 + P * 2 * (D // 32) * 2) + P * 4
+        k_params = 2 * D * 2 + (P // self.k_group) * 2 * D if self.key_page else (P // self.k_group) * 2 * D * 2
+        per_page = H * (2 * P * D * self.bits // 8 + k_params + P * 2 * (D // self.v_group) * 2) + P * 4
         tail = self.batch * H * P * D * 2 * 2
         return sealed * per_page + tail
 
@@ -401,6 +412,52 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
     del st
     torch.cuda.empty_cache()
     return res
+
+
+#: The key-range formats `--formats` times side by side: (name, k_group, v_group, page-grid key ranges).
+FORMATS = (("group G_K32 G_V32 (default)", 32, 32, False), ("page G_K16 G_V128", 16, 128, True),
+           ("page G_K16 G_V64", 16, 64, True), ("group G_K16 G_V128", 16, 128, False))
+
+
+def bench_formats(bits: int, batch: int, ctx: int, budget: float) -> list[dict]:
+    """The default decode launch (fused write, default tuning) over pools of each `FORMATS` entry,
+    same shape, CUDA graphs over distinct copies: what page-grid key ranges cost or save."""
+    rows = []
+    default = _dec._default_tuning(batch, H, D, P)
+    splits = _dec.pick_num_splits(batch, H, waves=default.waves)
+    for name, kg, vg, page in FORMATS:
+        probe = OscarSetup(bits, batch, ctx, 1, k_group=kg, v_group=vg, key_page=page)
+        per_call = probe.kv_bytes()
+        del probe
+        copies = copies_for(per_call, budget)
+        st = OscarSetup(bits, batch, ctx, copies, k_group=kg, v_group=vg, key_page=page)
+        ws = decode_workspace(batch, HQ, H, D, splits, DEV)
+        t = time_calls([st.call(c, tuning=default, ws=ws) for c in range(copies)])
+        eff = st.cfg.effective_bits(H, D)
+        rows.append({"format": name, "k_group": kg, "v_group": vg, "key_page": page, "bits": bits, "batch": batch, "ctx": ctx,
+                     "effective_bits": eff, "kv_bytes": per_call, "copies": copies, "TBps": per_call / (t["us"] * 1e-6) / 1e12, **t})
+        log(f"    {name:28s} INT{bits} B={batch} ctx={ctx}: {t['us']:8.2f} us  {eff:.3f} b  {rows[-1]['TBps']:.2f} TB/s")
+        del st
+        torch.cuda.empty_cache()
+    return rows
+
+
+def formats_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"Decode with each key-range format (`bench_decode.py --formats`; {meta['gpu']}, triton {meta['triton']}, "
+           f"commit {meta['commit']}, {meta['date']}): the default fused decode launch (write, query rotation, split-KV "
+           "attention, merge), CUDA graphs over distinct KV copies; effective bits at this shape (H = 8, D = 128); "
+           "SDPA BF16 timed in the same run.", "",
+           "| B | ctx | bits | format | eff. bits | us | TB/s (KV bytes) | x default format | SDPA us | x SDPA |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = next(x for x in rows if x["batch"] == r["batch"] and x["ctx"] == r["ctx"] and x["bits"] == r["bits"]
+                    and x["format"].startswith("group G_K32"))
+        sdpa = r.get("sdpa_us")
+        out.append(f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['format']} | {r['effective_bits']:.3f} | {r['us']:.1f} | "
+                   f"{r['TBps']:.2f} | {base['us'] / r['us']:.2f} | {sdpa:.1f} | {sdpa / r['us']:.2f} |" if sdpa else
+                   f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['format']} | {r['effective_bits']:.3f} | {r['us']:.1f} | "
+                   f"{r['TBps']:.2f} | {base['us'] / r['us']:.2f} | - | - |")
+    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -805,6 +862,7 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     ap.add_argument("--seal-only", action="store_true", help="only the seal kernel, for every seal-time quantizer option (offset x clip, docs/OSCAR.md §2.3); writes seal.json / seal.md")
+    ap.add_argument("--formats", action="store_true", help="only the default decode launch over each key-range format (FORMATS: fp16 group pairs vs page-grid ranges at G_K 16) and SDPA, INT2 and INT4 at --shapes; writes formats.json / formats.md")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
@@ -829,6 +887,22 @@ def main() -> None:
         json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "seal.json"), "w"), indent=1)
         md = seal_markdown(rows, meta)
         open(os.path.join(args.out, "seal.md"), "w").write(md)
+        log(md)
+        return
+    if args.formats:
+        shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        rows = []
+        for b, ctx in shapes:
+            sdpa = bench_sdpa(b, ctx, 24e9)["us"]
+            log(f"SDPA B={b} ctx={ctx}: {sdpa:.2f} us")
+            for bits in (2, 4):
+                try:
+                    rows += [dict(r, sdpa_us=sdpa) for r in bench_formats(bits, b, ctx, 24e9)]
+                except Exception:  # noqa: BLE001
+                    log(traceback.format_exc())
+                json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "formats.json"), "w"), indent=1)
+        md = formats_markdown(rows, meta)
+        open(os.path.join(args.out, "formats.md"), "w").write(md)
         log(md)
         return
     if args.gluon:
