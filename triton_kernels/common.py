@@ -687,8 +687,8 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
     The pool arrays (the ``pool`` tuple, ``POOL_TENSORS`` order) come as int32 views: codes ``[.., P, D*BITS/32]`` words, key params
     ``[.., P/G_K, D]`` and value params ``[.., P, D/G_V]`` (fp16 pairs): every load is one
     contiguous block of >= 4-byte elements. Without token scaling s_t is 1. ``KEY_PAGE``: the key
-    params are made from the page's grid and the groups' indices (``page_key_params``), in the
-    same int32 form."""
+    params come as the page grid's and the groups' index bytes (``page_key_raw``), which
+    ``attend_raw`` turns into the key params' register pairs (``page_key_pairs``)."""
     kw_ptr, kp_ptr, vw_ptr, vp_ptr = pool[0], pool[1], pool[2], pool[3]
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
@@ -699,7 +699,7 @@ def tile_raw(page, t0, i_h, s_col, valid, pool, H: tl.constexpr, D: tl.constexpr
     o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
     o_w = tl.arange(0, W)
     if KEY_PAGE:
-        kp = page_key_params(kp_ptr, pool[8], page, t0, i_h, valid, H, D, BITS, P, G_K, NGT)
+        kp = page_key_raw(kp_ptr, pool[8], page, t0, i_h, valid, H, D, P, G_K, NGT)
     else:
         kp = tl.load(kp_ptr + o_g[:, None] * D + tl.arange(0, D)[None, :], mask=valid, other=0)
     kw = tl.load(kw_ptr + o_row[:, None] * W + o_w[None, :], mask=valid, other=0)
@@ -717,37 +717,51 @@ def _f16_word(lo, hi):
 
 
 @triton.jit
-def page_key_params(grid_ptr, ranges_ptr, page, t0, i_h, valid, H: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
-                    P: tl.constexpr, G_K: tl.constexpr, NGT: tl.constexpr):
-    """The key params of the NGT key groups from token ``t0`` of sealed page ``page`` with
-    page-grid ranges, as ``tile_raw`` loads the stored pairs: int32 ``[NGT, D]``, the fp16 scales
-    then offsets of the D channels. ``grid_ptr``: the int32 view ``[.., 1, D]`` of the page grids
-    (fp16 bases then steps), ``ranges_ptr``: uint8 ``[.., P/G_K, 2, D]``. Each group's grid is
-    ``reference.page_group_grid`` in fp32 (offset = base + a * step, scale = (b - a) * step / qmax),
-    rounded to fp16 as the stored pairs are."""
+def page_key_raw(grid_ptr, ranges_ptr, page, t0, i_h, valid, H: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+                 G_K: tl.constexpr, NGT: tl.constexpr):
+    """The stored key-range bytes of the NGT key groups from token ``t0`` of sealed page ``page``
+    with page-grid ranges, as loaded (``tile_raw`` with ``KEY_PAGE``; ``page_key_pairs`` makes the
+    key params of them where they are used, so a prefetched tile's loads stay in flight):
+    ``(base words [D/2], step words [D/2], a [NGT, D], b [NGT, D])``. ``grid_ptr``: the int32 view
+    ``[.., 1, D]`` of the page grids (fp16 bases then steps), ``ranges_ptr``: uint8 ``[.., P/G_K, 2, D]``."""
     HALF: tl.constexpr = D // 2
     o_w = tl.arange(0, HALF)
     g0 = (page * H + i_h) * D
     bw = tl.load(grid_ptr + g0 + o_w, mask=valid, other=0)
     sw = tl.load(grid_ptr + g0 + HALF + o_w, mask=valid, other=0)
-    base = tl.reshape(tl.join(_f16_lo(bw), _f16_hi(bw)), (D,)).to(tl.float32)
-    step = tl.reshape(tl.join(_f16_lo(sw), _f16_hi(sw)), (D,)).to(tl.float32)
     o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
     o_r = o_g[:, None] * (2 * D) + tl.arange(0, D)[None, :]
-    a = tl.load(ranges_ptr + o_r, mask=valid, other=0).to(tl.float32)
-    b = tl.load(ranges_ptr + o_r + D, mask=valid, other=0).to(tl.float32)
+    a = tl.load(ranges_ptr + o_r, mask=valid, other=0)
+    b = tl.load(ranges_ptr + o_r + D, mask=valid, other=0)
+    return bw, sw, a, b
+
+
+@triton.jit
+def page_key_pairs(raw, NGT: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """``page_key_raw``'s bytes -> the f16x2 key (scale, offset) pairs ``key_params`` makes of stored
+    pairs (``[NGT, 1, W, 2, J]``: channels c and c + CPW/2, c = w*CPW + s*J + j), straight from the
+    natural channel order. Each group's grid is ``reference.page_group_grid`` in fp32 (offset =
+    base + a * step, scale = (b - a) * step / qmax), rounded to fp16 as stored pairs are."""
+    J: tl.constexpr = 8 // BITS
+    bw, sw, ra, rb = raw
+    base = tl.reshape(tl.join(_f16_lo(bw), _f16_hi(bw)), (D,)).to(tl.float32)
+    step = tl.reshape(tl.join(_f16_lo(sw), _f16_hi(sw)), (D,)).to(tl.float32)
+    a = ra.to(tl.float32)
+    b = rb.to(tl.float32)
     off = (base[None, :] + a * step[None, :]).to(tl.float16)
     scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, (1 << BITS) - 1, tl.float32)).to(tl.float16)
-    s_e, s_o = tl.split(tl.reshape(scale, (NGT, HALF, 2)))
-    o_e, o_o = tl.split(tl.reshape(off, (NGT, HALF, 2)))
-    words = tl.join(_f16_word(s_e, s_o), _f16_word(o_e, o_o))  # [NGT, HALF, 2]: scales, offsets
-    return tl.reshape(tl.permute(words, (0, 2, 1)), (NGT, D))
+    # channel w*CPW + h*CPW/2 + s*J + j -> [g, w, s, j, h]: the pair (h = 0, h = 1) of one register
+    s_lo, s_hi = tl.split(tl.permute(tl.reshape(scale, (NGT, W, 2, 2, J)), (0, 1, 3, 4, 2)))
+    o_lo, o_hi = tl.split(tl.permute(tl.reshape(off, (NGT, W, 2, 2, J)), (0, 1, 3, 4, 2)))
+    s_pk = tl.reshape(_f16_word(s_lo, s_hi), (NGT, 1, W, 2, J))
+    o_pk = tl.reshape(_f16_word(o_lo, o_hi), (NGT, 1, W, 2, J))
+    return s_pk, o_pk
 
 
 @triton.jit
 def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.constexpr, BITS: tl.constexpr,
                G_K: tl.constexpr, G_V: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, TRANS: tl.constexpr,
-               row_ok=None, kv_ok=None):
+               row_ok=None, kv_ok=None, KEY_PAGE: tl.constexpr = False):
     """One online-softmax step over a sealed tile given its stored bytes (``tile_raw``): keys and
     values dequantized in registers (fp16, one rounding), logits ``s_t * <q, k_bar> * sm_scale``
     (base 2).
@@ -762,12 +776,16 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     ``row_ok`` (``[M]`` bool, rows only): the rows that see this tile (the others keep their state;
     extend's per-row sealed boundary). ``kv_ok``: the (row, token) pairs that may attend (a sliding
     window): ``[BLOCK_N]`` tokens with ``TRANS`` (the caller guarantees one of them, the tile's
-    last), ``[M or 1, BLOCK_N]`` otherwise. A row that has seen nothing yet stays empty, never NaN."""
+    last), ``[M or 1, BLOCK_N]`` otherwise. A row that has seen nothing yet stays empty, never NaN.
+    ``KEY_PAGE``: ``kp`` is ``page_key_raw``'s bytes."""
     W: tl.constexpr = D * BITS // 32
     NG: tl.constexpr = D // G_V
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
     NGT: tl.constexpr = BLOCK_N // GT
-    s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
+    if KEY_PAGE:
+        s_pk, o_pk = page_key_pairs(kp, NGT, W, D, BITS)
+    else:
+        s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
     b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
     vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W, USE_ASM)
     b_st = st * sm_scale_log2
@@ -828,7 +846,7 @@ def sealed_tile(q, page, t0, i_h, s_col, m_i, l_i, acc, pool, sm_scale_log2, H: 
     blocks, which Triton's software pipeliner prefetches when the caller's loop allows it."""
     kp, kw, st, vp, vw = tile_raw(page, t0, i_h, s_col, True, pool, H, D, BITS, P, G_K, G_V, S, BLOCK_N, KEY_PAGE)
     return attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS,
-                      row_ok, kv_ok)
+                      row_ok, kv_ok, KEY_PAGE)
 
 
 @triton.jit
@@ -862,7 +880,10 @@ def dequantize_tile(page, t0, i_h, row0, pool, sk_ptr, sv_ptr, H: tl.constexpr, 
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
     NGT: tl.constexpr = BLOCK_N // GT
     kp, kw, _, vp, vw = tile_raw(page, t0, i_h, 0, True, pool, H, D, BITS, P, G_K, G_V, 0, BLOCK_N, KEY_PAGE)
-    s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
+    if KEY_PAGE:
+        s_pk, o_pk = page_key_pairs(kp, NGT, W, D, BITS)
+    else:
+        s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
     b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
     vs_pk, vo_pk = value_params(vp, BLOCK_N, NG, W, USE_ASM)
     b_v = dequant_values(vw, vs_pk, vo_pk, BLOCK_N, W, BITS, USE_ASM, False)

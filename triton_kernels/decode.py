@@ -178,7 +178,7 @@ def _decode_stage1_kernel(
                 if WINDOW:
                     kv_ok = it * BLOCK_N + tl.arange(0, BLOCK_N) >= lo
                 m_i, l_i, acc = attend_raw(b_q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2,
-                                           D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS, None, kv_ok)  # fmt: skip
+                                           D, BITS, G_K, G_V, BLOCK_N, USE_ASM, TRANS, None, kv_ok, KEY_PAGE)  # fmt: skip
                 kp, kw, st, vp, vw = kp_n, kw_n, st_n, vp_n, vw_n
                 page_n = page_nn
         else:
