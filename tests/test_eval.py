@@ -166,6 +166,9 @@ BAD_FILES = {
          "error: --text must hold --tokens 1024 tokens: {ten-words.txt} has 52 bytes, fewer than the 1024 needed"),
         (["eval", "ppl", "--windows", "0"], "error: --windows must be a positive integer below 2^31, got 0"),
         (["eval", "ppl", "--clip", "values", "all"], "error: --clip must be one of 'none', 'keys', 'values', 'both', got 'all'"),
+        (["eval", "ppl", "--key-ranges", "page", "--clip", "both"],
+         "error: --clip 'both' clips key groups, which --key-ranges 'page' does not store as free ranges (a key group's "
+         "range is a pair of indices into its page's grid): use --clip 'values' or 'none' with it"),
         (["eval", "ppl", "--windows", "2", "--start", "0", "4000"],
          "error: --start must not be combined with --windows: give one or the other"),
         (["eval", "ppl", "--start", "-5"], "error: --start must be an integer of at least 0 below 2^31, got -5"),
@@ -210,6 +213,10 @@ def test_cli_seal_option_flags_give_one_config_each():
     assert configs[3] == OscarConfig(bits=2, offset="min", clip="values")
     plain = cli._configs(cli.build_parser().parse_args(["eval", "ppl", "--bits", "4", "--methods", "oscar"]))
     assert plain == [OscarConfig(bits=4)]
+    page = cli._configs(cli.build_parser().parse_args(["eval", "ppl", "--bits", "2", "--methods", "oscar", "--key-ranges",
+                                                       "group", "page", "--k-group", "16", "--v-group", "64"]))
+    assert [c.label for c in page] == ["oscar", "oscar+page-ranges"]
+    assert page[1] == OscarConfig(bits=2, k_group=16, v_group=64, key_ranges="page")
 
 
 def test_cli_refuses_a_binary_file_naming_the_byte():

@@ -8,9 +8,10 @@ from oscar_sgl import OscarCache, OscarConfig, OscarConfigError
 from oscar_sgl import reference as ref
 
 
-def test_generates_and_reports_true_memory(smollm2, emma_ids):
+@pytest.mark.parametrize("cfg", [OscarConfig(bits=2), OscarConfig(bits=2, key_ranges="page", k_group=16, v_group=64)],
+                         ids=["default", "page-ranges"])
+def test_generates_and_reports_true_memory(smollm2, emma_ids, cfg):
     model, tok = smollm2
-    cfg = OscarConfig(bits=2)
     cache = OscarCache(model, cfg)
     prompt = emma_ids[:, :300]
     with torch.inference_mode():

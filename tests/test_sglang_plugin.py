@@ -111,6 +111,20 @@ def test_seal_quantizer_flags_reach_the_config(parse):
             parse("--kv-cache", "oscar", *bad)
 
 
+def test_key_ranges_flag_reaches_the_config(parse, capsys):
+    """--oscar-key-ranges page (docs/LAYOUT.md §1) lands in the pickled config; with key clipping it
+    is refused at flag parsing, naming both flags."""
+    sa = parse("--kv-cache", "oscar", "--oscar-key-ranges", "page", "--oscar-k-group", "16", "--oscar-v-group", "64")
+    assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))) == OscarConfig(key_ranges="page", k_group=16, v_group=64)
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar")).key_ranges == "group"
+    with pytest.raises(SystemExit):
+        parse("--kv-cache", "oscar", "--oscar-key-ranges", "pages")
+    with pytest.raises(SystemExit):
+        parse("--kv-cache", "oscar", "--oscar-key-ranges", "page", "--oscar-clip", "keys")
+    err = capsys.readouterr().err
+    assert "--oscar-clip 'keys' clips key groups, which --oscar-key-ranges 'page'" in err, err[-500:]
+
+
 def test_key_rotation_flags_reach_the_config(parse, capsys):
     """--oscar-key-rotation (default: the weights rule, as OscarCache) and its threshold land in
     the pickled config; a bad threshold is refused at flag parsing, naming the flag."""
@@ -318,12 +332,12 @@ def test_help_lists_the_flags():
     for flag in ("--kv-cache {default,oscar}", "--oscar-bits {2,4}", "--oscar-k-group G_K", "--oscar-v-group G_V",
                  "--oscar-page-size R", "--oscar-norm-scope {layer,head}", "--oscar-cuda-graph", "--oscar-no-rotation",
                  "--oscar-no-token-scaling", "--oscar-prefill {position,exact}", "--oscar-offset {integer,min}",
-                 "--oscar-clip {none,keys,values,both}"):
+                 "--oscar-clip {none,keys,values,both}", "--oscar-key-ranges {group,page}"):
         assert flag in out.stdout, flag
     # Every OScaR flag says its default (argparse wraps help lines, so compare without whitespace).
     flat = "".join(out.stdout.split())
     for shown in ("Codewidthofthepacked", "(default:2)", "(default:32)", "(default:128)", "(default:layer)",
-                  "(default:integer)", "(default:none)",
+                  "(default:integer)", "(default:none)", "(default:group",
                   "Default:rotationon", "Default:tokenscalingon", "decodeCUDAgraphsareonbydefaultonCUDA"):
         assert shown in flat, shown
 

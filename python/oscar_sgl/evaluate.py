@@ -438,7 +438,7 @@ def window_report(starts: Sequence[int], bases: Sequence[float], per_window: Seq
             s = _stat([getattr(r, m) for r in col])
             row[m], row[f"{m}_ci95"] = s["mean"], s["ci95"]
         row |= {k: r0.config[k] for k in ("k_group", "v_group", "page_size", "norm_scope", "key_rotation", "key_rotation_min_alignment",
-                                          "sliding_layers", "offset", "clip")
+                                          "sliding_layers", "offset", "clip", "key_ranges")
                 if k in r0.config}
         row["per_window"] = [{"start": s} | {m: getattr(r, m) for m in METRICS} for s, r in zip(starts, col)]
         report["results"].append(row)
