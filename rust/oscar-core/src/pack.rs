@@ -413,7 +413,13 @@ fn check_page_k_shape(shape: BlockShape, bits: u32, k_group: usize, page_size: u
 /// `b = clamp(ceil((hi - base) / step), 0, 255)`, the group's grid from [`page_group_grid`] and codes
 /// `clamp(rne((x - offset) / scale), 0, qmax)` (0 where `scale` is not `> 0`). Equals
 /// `oscar_sgl.reference.page_key_grid` byte for byte.
-pub fn pack_k_page(values: &[f32], shape: BlockShape, bits: u32, k_group: usize, page_size: usize) -> Result<PackedPageKeys> {
+pub fn pack_k_page(
+    values: &[f32],
+    shape: BlockShape,
+    bits: u32,
+    k_group: usize,
+    page_size: usize,
+) -> Result<PackedPageKeys> {
     let qmax = check_bits(bits)?;
     let rb = check_page_k_shape(shape, bits, k_group, page_size)?;
     check_len("key values", values.len(), shape.elements()?)?;
@@ -484,7 +490,8 @@ pub fn pack_k_page(values: &[f32], shape: BlockShape, bits: u32, k_group: usize,
                 let dst = &mut codes[out_row..out_row + rb];
                 let gg = &group_grid[(t / k_group) * d..(t / k_group + 1) * d];
                 for (c, (&v, &(scale, offset))) in row.iter().zip(gg).enumerate() {
-                    let q = if scale > 0.0 { ((v + 0.0 - offset) / scale).round_ties_even().clamp(0.0, qmax) } else { 0.0 };
+                    let q =
+                        if scale > 0.0 { ((v + 0.0 - offset) / scale).round_ties_even().clamp(0.0, qmax) } else { 0.0 };
                     put_code(dst, c, q as u8, bits);
                 }
             }
@@ -581,10 +588,14 @@ mod tests {
     fn page_keys_round_trip_and_bracket() {
         // 2 heads x 2 pages of 8 tokens x 4 channels, k_group 4: a smooth ramp plus a spike.
         let shape = BlockShape::new(2, 16, 4);
-        let x: Vec<f32> = (0..128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0 + if i == 77 { 9.0 } else { 0.0 }).collect();
+        let x: Vec<f32> =
+            (0..128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0 + if i == 77 { 9.0 } else { 0.0 }).collect();
         for bits in [2u32, 4] {
             let p = pack_k_page(&x, shape, bits, 4, 8).unwrap();
-            assert_eq!((p.codes.len(), p.grid.len(), p.ranges.len()), (2 * 16 * 4 * bits as usize / 8, 2 * 2 * 2 * 4, 2 * 4 * 2 * 4));
+            assert_eq!(
+                (p.codes.len(), p.grid.len(), p.ranges.len()),
+                (2 * 16 * 4 * bits as usize / 8, 2 * 2 * 2 * 4, 2 * 4 * 2 * 4)
+            );
             let y = unpack_k_page(&p.codes, &p.grid, &p.ranges, shape, bits, 4, 8).unwrap();
             let qmax = check_bits(bits).unwrap();
             for h in 0..2 {

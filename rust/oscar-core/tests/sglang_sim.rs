@@ -56,7 +56,13 @@ struct Node {
 
 #[derive(Debug, Clone)]
 enum Action {
-    New { base: usize, shared: usize, suffix: usize, gen: usize, chunk: usize },
+    New {
+        base: usize,
+        shared: usize,
+        suffix: usize,
+        gen: usize,
+        chunk: usize,
+    },
     Readmit,
     Prefill,
     Decode,
@@ -572,9 +578,8 @@ impl Sim {
         }
         prop_assert_eq!(&self.mirror[..], self.rt.page_to_staging(), "map after applying the delta");
         let mut used = vec![false; self.cap];
-        let staged = |page: u32| {
-            self.sealed_in_batch.iter().zip(&self.direct_in_batch).any(|(e, &d)| *e == Some(page) && !d)
-        };
+        let staged =
+            |page: u32| self.sealed_in_batch.iter().zip(&self.direct_in_batch).any(|(e, &d)| *e == Some(page) && !d);
         for (i, pg) in self.pages.iter().enumerate() {
             let slot = self.mirror[i];
             let sealing_now = pg.st == St::Sealed && staged(i as u32);
@@ -748,8 +753,20 @@ fn generator_covers_the_cases() {
         macro_rules! add {
             ($($field:ident),*) => { $(total.$field += s.$field;)* };
         }
-        add!(seals, cancelled_seals, shares, duplicates, evictions, locks, chunked, decodes, retractions, direct_seals,
-             exhausted, settles);
+        add!(
+            seals,
+            cancelled_seals,
+            shares,
+            duplicates,
+            evictions,
+            locks,
+            chunked,
+            decodes,
+            retractions,
+            direct_seals,
+            exhausted,
+            settles
+        );
     }
     eprintln!("{total:?}");
     // Every kind of event the generator is meant to produce occurred often enough to be tested.
