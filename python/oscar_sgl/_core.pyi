@@ -18,6 +18,8 @@ __all__ = [
     "OP_SHARE",
     "pack",
     "unpack",
+    "pack_k_page",
+    "unpack_k_page",
     "format_cost",
     "plan_memory",
     "Runtime",
