@@ -226,7 +226,7 @@ def pool_arguments(layer: PagedLayer) -> dict[str, object]:
     L = layer
     pool = (L.k_codes.view(torch.int32), L.k_params.flatten(-2).view(torch.int32), L.v_codes.view(torch.int32),
             L.v_params.flatten(-2).view(torch.int32), L.scale if L.scale is not None else L.k_params, L.staging_k, L.staging_v,
-            L.page_to_staging, L.k_ranges if L.k_ranges is not None else L.k_codes)  # (k_ranges read only with KEY_PAGE)
+            L.page_to_staging, L.k_ranges.view(torch.int16) if L.k_ranges is not None else L.k_codes)  # (read only with KEY_PAGE)
     return {"pool": pool, **pool_format(L.k_codes, L.staging_k, L.scale, bits=L.bits, k_group=L.k_group, v_group=L.v_group,
                                         key_page=L.k_ranges is not None)}
 
@@ -721,40 +721,63 @@ def page_key_raw(grid_ptr, ranges_ptr, page, t0, i_h, valid, H: tl.constexpr, D:
                  G_K: tl.constexpr, NGT: tl.constexpr):
     """The stored key-range bytes of the NGT key groups from token ``t0`` of sealed page ``page``
     with page-grid ranges, as loaded (``tile_raw`` with ``KEY_PAGE``; ``page_key_pairs`` makes the
-    key params of them where they are used, so a prefetched tile's loads stay in flight):
-    ``(base words [D/2], step words [D/2], a [NGT, D], b [NGT, D])``. ``grid_ptr``: the int32 view
-    ``[.., 1, D]`` of the page grids (fp16 bases then steps), ``ranges_ptr``: uint8 ``[.., P/G_K, 2, D]``."""
+    key params of them where they are used, so a prefetched tile's loads stay in flight), all in
+    the word order of stored fp16 pairs (channels 2m, 2m + 1 per element):
+    ``(base words [D/2], step words [D/2], a [NGT, D/2], b [NGT, D/2])``. ``grid_ptr``: the int32
+    view ``[.., 1, D]`` of the page grids (fp16 bases then steps), ``ranges_ptr``: the int16 view
+    ``[.., P/G_K, 2, D/2]`` of the uint8 indices (channel 2m in the low byte)."""
     HALF: tl.constexpr = D // 2
     o_w = tl.arange(0, HALF)
     g0 = (page * H + i_h) * D
     bw = tl.load(grid_ptr + g0 + o_w, mask=valid, other=0)
     sw = tl.load(grid_ptr + g0 + HALF + o_w, mask=valid, other=0)
     o_g = (page * H + i_h) * (P // G_K) + t0 // G_K + tl.arange(0, NGT)
-    o_r = o_g[:, None] * (2 * D) + tl.arange(0, D)[None, :]
+    o_r = o_g[:, None] * D + o_w[None, :]
     a = tl.load(ranges_ptr + o_r, mask=valid, other=0)
-    b = tl.load(ranges_ptr + o_r + D, mask=valid, other=0)
+    b = tl.load(ranges_ptr + o_r + HALF, mask=valid, other=0)
     return bw, sw, a, b
 
 
 @triton.jit
-def page_key_pairs(raw, NGT: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+def _page_word(base, step, a, b, QMAX: tl.constexpr):
+    """(scale, offset) of one fp16 half of a pair word: fp32 grid ``base`` / ``step`` ``[D/2]`` and
+    the group indices ``a`` / ``b`` ``[NGT, D/2]`` (fp32) -> fp16 scale and offset
+    (``reference.page_group_grid``)."""
+    off = (base[None, :] + a * step[None, :]).to(tl.float16)
+    scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, QMAX, tl.float32)).to(tl.float16)
+    return scale, off
+
+
+@triton.jit
+def _pair_words(x, NGT: tl.constexpr, W: tl.constexpr, J: tl.constexpr, USE_ASM: tl.constexpr):
+    """int32 fp16-pair words ``[NGT, D/2]`` of one param (channels 2m, 2m + 1) -> the f16x2 pairs
+    ``[NGT, 1, W, 2, J]`` of the channels (c, c + CPW/2) of one register (``key_params``, one
+    param)."""
+    # word w*CPW/2 + h*J + s*J/2 + jj holds channels w*CPW + h*CPW/2 + s*J + 2jj (+ 1)
+    lo, hi = tl.split(tl.permute(tl.reshape(x, (NGT, W, 2, 2, J // 2)), (0, 1, 3, 4, 2)))  # [g, w, s, jj] per h
+    even, odd = pair_halves(lo, hi, USE_ASM)  # j = 2jj, 2jj + 1
+    return tl.reshape(tl.join(even, odd), (NGT, 1, W, 2, J))
+
+
+@triton.jit
+def page_key_pairs(raw, NGT: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                   USE_ASM: tl.constexpr = False):
     """``page_key_raw``'s bytes -> the f16x2 key (scale, offset) pairs ``key_params`` makes of stored
-    pairs (``[NGT, 1, W, 2, J]``: channels c and c + CPW/2, c = w*CPW + s*J + j), straight from the
-    natural channel order. Each group's grid is ``reference.page_group_grid`` in fp32 (offset =
+    pairs (``[NGT, 1, W, 2, J]``: channels c and c + CPW/2, c = w*CPW + s*J + j). The params are made
+    in the stored pairs' word order (both fp16 halves of a word from one int16 of indices) and then
+    take ``key_params``' path. Each group's grid is ``reference.page_group_grid`` in fp32 (offset =
     base + a * step, scale = (b - a) * step / qmax), rounded to fp16 as stored pairs are."""
     J: tl.constexpr = 8 // BITS
+    QMAX: tl.constexpr = (1 << BITS) - 1
     bw, sw, ra, rb = raw
-    base = tl.reshape(tl.join(_f16_lo(bw), _f16_hi(bw)), (D,)).to(tl.float32)
-    step = tl.reshape(tl.join(_f16_lo(sw), _f16_hi(sw)), (D,)).to(tl.float32)
-    a = ra.to(tl.float32)
-    b = rb.to(tl.float32)
-    off = (base[None, :] + a * step[None, :]).to(tl.float16)
-    scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, (1 << BITS) - 1, tl.float32)).to(tl.float16)
-    # channel w*CPW + h*CPW/2 + s*J + j -> [g, w, s, j, h]: the pair (h = 0, h = 1) of one register
-    s_lo, s_hi = tl.split(tl.permute(tl.reshape(scale, (NGT, W, 2, 2, J)), (0, 1, 3, 4, 2)))
-    o_lo, o_hi = tl.split(tl.permute(tl.reshape(off, (NGT, W, 2, 2, J)), (0, 1, 3, 4, 2)))
-    s_pk = tl.reshape(_f16_word(s_lo, s_hi), (NGT, 1, W, 2, J))
-    o_pk = tl.reshape(_f16_word(o_lo, o_hi), (NGT, 1, W, 2, J))
+    a_lo = (ra & 0xFF).to(tl.float32)
+    a_hi = ((ra >> 8) & 0xFF).to(tl.float32)
+    b_lo = (rb & 0xFF).to(tl.float32)
+    b_hi = ((rb >> 8) & 0xFF).to(tl.float32)
+    s_lo, o_lo = _page_word(_f16_lo(bw).to(tl.float32), _f16_lo(sw).to(tl.float32), a_lo, b_lo, QMAX)
+    s_hi, o_hi = _page_word(_f16_hi(bw).to(tl.float32), _f16_hi(sw).to(tl.float32), a_hi, b_hi, QMAX)
+    s_pk = _pair_words(_f16_word(s_lo, s_hi), NGT, W, J, USE_ASM)
+    o_pk = _pair_words(_f16_word(o_lo, o_hi), NGT, W, J, USE_ASM)
     return s_pk, o_pk
 
 
@@ -783,7 +806,7 @@ def attend_raw(q, kp, kw, st, vp, vw, m_i, l_i, acc, sm_scale_log2, D: tl.conste
     GT: tl.constexpr = G_K if G_K < BLOCK_N else BLOCK_N
     NGT: tl.constexpr = BLOCK_N // GT
     if KEY_PAGE:
-        s_pk, o_pk = page_key_pairs(kp, NGT, W, D, BITS)
+        s_pk, o_pk = page_key_pairs(kp, NGT, W, D, BITS, USE_ASM)
     else:
         s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
     b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
@@ -881,7 +904,7 @@ def dequantize_tile(page, t0, i_h, row0, pool, sk_ptr, sv_ptr, H: tl.constexpr, 
     NGT: tl.constexpr = BLOCK_N // GT
     kp, kw, _, vp, vw = tile_raw(page, t0, i_h, 0, True, pool, H, D, BITS, P, G_K, G_V, 0, BLOCK_N, KEY_PAGE)
     if KEY_PAGE:
-        s_pk, o_pk = page_key_pairs(kp, NGT, W, D, BITS)
+        s_pk, o_pk = page_key_pairs(kp, NGT, W, D, BITS, USE_ASM)
     else:
         s_pk, o_pk = key_params(kp, NGT, W, BITS, USE_ASM)
     b_k = dequant_keys(kw, s_pk, o_pk, NGT, GT, W, BITS, USE_ASM)
