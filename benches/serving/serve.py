@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oscar_sgl.serve import ServerEndpoint
+from oscar_sgl.serve import ServerEndpoint, free_server_port
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "stand_in"
@@ -102,9 +101,8 @@ def server_args(model_dir: str, *, kv_cache: str, bits: int = 16, cuda_graph: bo
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (`oscar_sgl.serve.free_server_port`)."""
+    return free_server_port()
 
 
 @dataclass

@@ -31,6 +31,8 @@ import importlib.util
 import json
 import os
 import platform
+import random
+import socket
 import sys
 import urllib.request
 from pathlib import Path
@@ -160,6 +162,37 @@ def main(argv: Sequence[str]) -> int:
     cmd = command(argv)
     os.execve(cmd[0], cmd, {**os.environ, **updates})
     return 127  # not reached
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_server_port(low: int = 10000, high: int = 21999, span: int = 16, attempts: int = 200) -> int:
+    """A port for a server started later, whose `port .. port + span - 1` are all free now, below
+    both the kernel's ephemeral range and the 22000-29999 SGLang draws its NCCL port from.
+
+    A port from `bind(("", 0))` lies in the ephemeral range, which the kernel also hands to every
+    outgoing connection: a TP server's gloo and TCPStore connections can take it in the minute
+    before uvicorn binds it, and the server then exits with uvicorn's startup failure (3) after
+    sending its own post-warmup request to whoever holds the port. SGLang keeps its NCCL port out
+    of that range for the same reason (`get_free_port_below_ephemeral`).
+    """
+    high = min(high, _ephemeral_low() - 1) - span
+    rng = random.SystemRandom()
+    for _ in range(attempts):
+        port = rng.randint(low, high)
+        try:
+            for p in range(port, port + span):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("0.0.0.0", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no {span} consecutive free ports between {low} and {high + span}")
 
 
 class ServerEndpoint:

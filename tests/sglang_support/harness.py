@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from oscar_sgl.serve import ServerEndpoint
+from oscar_sgl.serve import ServerEndpoint, free_server_port
 
 
 def server_env() -> dict[str, str]:
@@ -46,9 +45,8 @@ def server_env() -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (`oscar_sgl.serve.free_server_port`)."""
+    return free_server_port()
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -78,9 +76,15 @@ class Server(ServerEndpoint):
         self._fail(f"server not healthy on port {self.port} after {timeout:.0f}s")
 
     def _fail(self, what: str) -> NoReturn:
-        tail = self.log()[-4000:]
+        log = self.log()
+        # The first error in the log is usually the cause; what follows it (other ranks, shutdown)
+        # can push it out of the tail.
+        first = next((i for i, line in enumerate(log.splitlines()) if line.startswith("Traceback")
+                      or " ERROR " in line or "Error:" in line), None)
+        head = "" if first is None else "\n".join(log.splitlines()[first:first + 60]) + "\n[...]\n"
+        tail = log[-4000:]
         self.stop()
-        raise RuntimeError(f"{what} ({' '.join(self.extra.get('cmd', []))}):\n{tail}")
+        raise RuntimeError(f"{what} ({' '.join(self.extra.get('cmd', []))}):\n{head}{tail}")
 
     def stop(self, timeout: float = 30) -> None:
         """Stop the server (`ServerEndpoint.stop_process`), then remove its temporary folder and the
