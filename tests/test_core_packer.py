@@ -407,8 +407,12 @@ def test_page_ranges_error_bound_and_cost() -> None:
     # The page base is the fp16 rounding of the page minimum (up to half an fp16 ulp above it), and
     # its top, base + 255 * step, the fp16 rounding of the step (up to 255 half ulps of the step below
     # the maximum): keys beyond clamp to the grid's ends.
+    # The group's grid is made in fp16 (u = step / 3, scale = (b - a) * u, offset = base + a * step,
+    # each rounded): its ends move by up to half an fp16 ulp per operation, |offset| * 2^-11 and
+    # (b - a) * step * 2^-10 <= 255 * step * 2^-10.
     step = np.repeat(blk.params[:, :, 1].float().numpy(), 128, axis=1)
     tol = np.abs(np.repeat(blk.params[:, :, 0].float().numpy(), 128, axis=1)) * 2.0**-11 + 255 * step * 2.0**-11 + 1e-6
+    tol = tol + (np.abs(offset_t) + 255 * step) * 2.0**-10
     assert np.all(np.abs(y - x) <= scale_t / 2 * (1 + 1e-5) + tol)
     assert np.all(x >= offset_t - tol) and np.all(x <= offset_t + 3 * scale_t * (1 + 1e-6) + tol)
     # The outlier's group is coarse, the other groups of its channel and page are not.

@@ -738,14 +738,48 @@ def page_key_raw(grid_ptr, ranges_ptr, page, t0, i_h, valid, H: tl.constexpr, D:
     return bw, sw, a, b
 
 
+_PAGE_ASM = tl.constexpr(
+    "{\n"
+    ".reg .b32 m, ta, tb, d, a, p;\n"
+    "mov.b32 m, 0x64006400;\n"  # fp16 1024 in both halves
+    "prmt.b32 ta, $2, m, 0x5150;\n"  # the two index bytes as the low bytes of 1024 + a
+    "prmt.b32 tb, $3, m, 0x5150;\n"
+    "sub.rn.f16x2 d, tb, ta;\n"  # b - a, exact
+    "sub.rn.f16x2 a, ta, m;\n"  # a, exact
+    "mul.rn.f16x2 $0, d, $4;\n"  # scale = (b - a) * u
+    "mul.rn.f16x2 p, a, $5;\n"  # a * step
+    "add.rn.f16x2 $1, p, $6;\n"  # offset = base + a * step
+    "}"
+)
+
+
 @triton.jit
-def _page_word(base, step, a, b, QMAX: tl.constexpr):
-    """(scale, offset) of one fp16 half of a pair word: fp32 grid ``base`` / ``step`` ``[D/2]`` and
-    the group indices ``a`` / ``b`` ``[NGT, D/2]`` (fp32) -> fp16 scale and offset
-    (``reference.page_group_grid``)."""
-    off = (base[None, :] + a * step[None, :]).to(tl.float16)
-    scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, QMAX, tl.float32)).to(tl.float16)
-    return scale, off
+def _page_words(ra, rb, uw, sw, bw, QMAX: tl.constexpr, USE_ASM: tl.constexpr):
+    """The (scale, offset) fp16-pair words ``[NGT, D/2]`` of NGT key groups from their index pairs
+    ``ra`` / ``rb`` (int16 ``[NGT, D/2]``: channel 2m in the low byte) and the page grid's pair
+    words ``[D/2]``: ``uw`` (u = step / qmax), ``sw`` (step), ``bw`` (base). fp16 arithmetic, each
+    operation rounded (``reference.page_group_grid``): four f16x2 operations per word with
+    ``USE_ASM``."""
+    if USE_ASM:
+        s_w, o_w = tl.inline_asm_elementwise(
+            asm=_PAGE_ASM, constraints="=r,=r,r,r,r,r,r",
+            args=[ra.to(tl.int32), rb.to(tl.int32), tl.broadcast_to(uw[None, :], ra.shape),
+                  tl.broadcast_to(sw[None, :], ra.shape), tl.broadcast_to(bw[None, :], ra.shape)],
+            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    else:
+        a_lo = (ra & 0xFF).to(tl.float32)
+        a_hi = ((ra >> 8) & 0xFF).to(tl.float32)
+        d_lo = (rb & 0xFF).to(tl.float32) - a_lo
+        d_hi = ((rb >> 8) & 0xFF).to(tl.float32) - a_hi
+        s_lo = (d_lo * _f16_lo(uw).to(tl.float32)[None, :]).to(tl.float16)
+        s_hi = (d_hi * _f16_hi(uw).to(tl.float32)[None, :]).to(tl.float16)
+        p_lo = (a_lo * _f16_lo(sw).to(tl.float32)[None, :]).to(tl.float16)
+        p_hi = (a_hi * _f16_hi(sw).to(tl.float32)[None, :]).to(tl.float16)
+        o_lo = (p_lo.to(tl.float32) + _f16_lo(bw).to(tl.float32)[None, :]).to(tl.float16)
+        o_hi = (p_hi.to(tl.float32) + _f16_hi(bw).to(tl.float32)[None, :]).to(tl.float16)
+        s_w = _f16_word(s_lo, s_hi)
+        o_w = _f16_word(o_lo, o_hi)
+    return s_w, o_w
 
 
 @triton.jit
@@ -765,19 +799,18 @@ def page_key_pairs(raw, NGT: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BIT
     """``page_key_raw``'s bytes -> the f16x2 key (scale, offset) pairs ``key_params`` makes of stored
     pairs (``[NGT, 1, W, 2, J]``: channels c and c + CPW/2, c = w*CPW + s*J + j). The params are made
     in the stored pairs' word order (both fp16 halves of a word from one int16 of indices) and then
-    take ``key_params``' path. Each group's grid is ``reference.page_group_grid`` in fp32 (offset =
-    base + a * step, scale = (b - a) * step / qmax), rounded to fp16 as stored pairs are."""
+    take ``key_params``' path. Each group's grid is ``reference.page_group_grid``: fp16 arithmetic,
+    every operation rounded (u = step / qmax once per tile, scale = (b - a) * u, offset = base +
+    a * step), so the f16x2 instructions and the fp32 fallback give the same bits."""
     J: tl.constexpr = 8 // BITS
     QMAX: tl.constexpr = (1 << BITS) - 1
     bw, sw, ra, rb = raw
-    a_lo = (ra & 0xFF).to(tl.float32)
-    a_hi = ((ra >> 8) & 0xFF).to(tl.float32)
-    b_lo = (rb & 0xFF).to(tl.float32)
-    b_hi = ((rb >> 8) & 0xFF).to(tl.float32)
-    s_lo, o_lo = _page_word(_f16_lo(bw).to(tl.float32), _f16_lo(sw).to(tl.float32), a_lo, b_lo, QMAX)
-    s_hi, o_hi = _page_word(_f16_hi(bw).to(tl.float32), _f16_hi(sw).to(tl.float32), a_hi, b_hi, QMAX)
-    s_pk = _pair_words(_f16_word(s_lo, s_hi), NGT, W, J, USE_ASM)
-    o_pk = _pair_words(_f16_word(o_lo, o_hi), NGT, W, J, USE_ASM)
+    # u = fp16(step / qmax) per channel of the page: once per tile
+    u_lo = tl.math.div_rn(_f16_lo(sw).to(tl.float32), tl.full(sw.shape, QMAX, tl.float32)).to(tl.float16)
+    u_hi = tl.math.div_rn(_f16_hi(sw).to(tl.float32), tl.full(sw.shape, QMAX, tl.float32)).to(tl.float16)
+    s_w, o_w = _page_words(ra, rb, _f16_word(u_lo, u_hi), sw, bw, QMAX, USE_ASM)
+    s_pk = _pair_words(s_w, NGT, W, J, USE_ASM)
+    o_pk = _pair_words(o_w, NGT, W, J, USE_ASM)
     return s_pk, o_pk
 
 

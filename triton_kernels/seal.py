@@ -121,9 +121,11 @@ def _page_keys(b_k, k_params_ptr, k_ranges_ptr, page, i_h, o_d, H: tl.constexpr,
     o_r = (((page * H + i_h) * NGP + tl.arange(0, NGP))[:, None] * 2) * D + o_d[None, :]
     tl.store(k_ranges_ptr + o_r, a.to(tl.uint8))
     tl.store(k_ranges_ptr + o_r + D, b.to(tl.uint8))
-    # the group's grid: offset = base + a * step, scale = (b - a) * step / qmax (no contraction)
-    off = base[None, :] + a * step[None, :]
-    scale = tl.math.div_rn((b - a) * step[None, :], tl.full(a.shape, QMAX, tl.float32))
+    # the group's grid, every operation rounded to fp16 (reference.page_group_grid): u = step / qmax,
+    # scale = (b - a) * u, offset = base + a * step (the fp16 roundings leave nothing to contract)
+    u = tl.math.div_rn(step, tl.full(step.shape, QMAX, tl.float32)).to(tl.float16).to(tl.float32)
+    scale = ((b - a) * u[None, :]).to(tl.float16).to(tl.float32)
+    off = (base[None, :] + (a * step[None, :]).to(tl.float16).to(tl.float32)).to(tl.float16).to(tl.float32)
     ok = scale > 0.0
     s3 = tl.where(ok, scale, 1.0)[:, None, :]
     q = rne(tl.math.div_rn(x - off[:, None, :], tl.broadcast_to(s3, x.shape)))

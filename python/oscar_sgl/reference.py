@@ -191,16 +191,17 @@ def page_key_grid(x: torch.Tensor, bits: int, k_group: int, page_size: int) -> t
     Per (head, page, channel): base = fp16(min), step = fp16((max - base) / 255) (a step that is
     not > 0 stores 0: the page is constant); per k_group tokens of a (head, channel) the group's
     [lo, hi] rounded outward to the grid: a = clamp(floor((lo - base) / step), 0, 255), b =
-    clamp(ceil((hi - base) / step), 0, 255); the group's grid is offset = base + a * step, scale =
-    (b - a) * step / qmax and codes clamp(rne((x - offset) / scale), 0, qmax) (0 where scale is
-    not > 0). fp32 throughout, true divisions, no fused multiply-add.
+    clamp(ceil((hi - base) / step), 0, 255) (fp32, true divisions); the group's grid is
+    `page_group_grid` (fp16 operations: u = step / qmax, scale = (b - a) * u, offset = base +
+    a * step) and codes clamp(rne((x - offset) / scale), 0, qmax) in fp32 with those fp16 values
+    (0 where scale is not > 0). No fused multiply-add.
 
     Args:
         x: fp32 `[H, n, D]` keys (rotated and divided by s as stored), n a multiple of page_size.
     Returns:
         `(q, grid, ranges, scale, offset)`: uint8 codes `[H, n, D]`, fp16 `[H, n/P, 2, D]` (base,
-        step), uint8 `[H, n/G_K, 2, D]` (a, b), and the fp32 group grid `[H, n/G_K, 1, D]` (scale,
-        offset) that dequantizes the codes.
+        step), uint8 `[H, n/G_K, 2, D]` (a, b), and the group grid `[H, n/G_K, 1, D]` (scale,
+        offset: fp16 values in fp32) that dequantizes the codes.
     """
     if x.dtype != torch.float32:
         raise TypeError(f"page_key_grid wants fp32 input, got {x.dtype}")
@@ -239,10 +240,20 @@ def page_key_grid(x: torch.Tensor, bits: int, k_group: int, page_size: int) -> t
 
 def page_group_grid(base: torch.Tensor, step: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                     qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """A key group's fp32 `(scale, offset)` from its page grid (base, step) and indices (a, b):
-    offset = base + a * step, scale = (b - a) * step / qmax (each product and sum rounded)."""
-    offset = base + a * step
-    scale = ((b - a) * step) / qmax
+    """A key group's `(scale, offset)` from its page grid (base, step: fp16 values held in fp32) and
+    indices (a, b), in fp16 arithmetic with every operation rounded to fp16 (docs/LAYOUT.md §1):
+    u = fp16(step / qmax), scale = fp16((b - a) * u), offset = fp16(base + fp16(a * step)).
+
+    Each operation is computed in fp32 and then rounded to fp16; fp32 carries 24 >= 2 * 11 + 2
+    bits, so this equals the correctly rounded fp16 operation (what the decode kernels' f16x2
+    instructions compute). Returns fp32 tensors holding fp16 values.
+    """
+    def h(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float16).to(torch.float32)
+
+    u = h(step / qmax)
+    scale = h((b - a) * u)
+    offset = h(base + h(a * step))
     return scale, offset
 
 

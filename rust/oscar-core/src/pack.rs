@@ -387,12 +387,17 @@ pub struct PackedPageKeys {
     pub ranges: Vec<u8>,
 }
 
-/// A key group's fp32 `(scale, offset)` from its page grid and indices:
-/// `offset = base + a * step`, `scale = (b - a) * step / qmax`, each product and sum rounded.
+/// A key group's `(scale, offset)` from its page grid (`base`, `step`: fp16 values) and indices, in
+/// fp16 arithmetic with every operation rounded to fp16: `u = step / qmax`, `scale = (b - a) * u`,
+/// `offset = base + a * step`. Each operation runs in f32 and is then rounded to fp16, which equals
+/// the correctly rounded fp16 operation (f32 carries 24 >= 2 * 11 + 2 bits), as the decode
+/// kernels' f16x2 instructions compute it. Returns f32s holding fp16 values.
 #[inline]
 pub fn page_group_grid(base: f32, step: f32, a: f32, b: f32, qmax: f32) -> (f32, f32) {
-    let offset = base + a * step;
-    let scale = ((b - a) * step) / qmax;
+    let h = |x: f32| f16::from_f32(x).to_f32();
+    let u = h(step / qmax);
+    let scale = h((b - a) * u);
+    let offset = h(base + h(a * step));
     (scale, offset)
 }
 
@@ -501,7 +506,7 @@ pub fn pack_k_page(
 }
 
 /// Dequantize keys packed by [`pack_k_page`]: `[H, n, D]` f32, `q * scale + offset` with the
-/// group's fp32 grid (still divided by s).
+/// group's grid from [`page_group_grid`] (still divided by s).
 pub fn unpack_k_page(
     codes: &[u8],
     grid: &[f16],
