@@ -129,3 +129,31 @@ def test_serve_passes_everything_through_to_sglang(no_sgl_kernel):
     r = _serve("--model-path", "m", "--no-such-flag")
     assert r.returncode == 2, r.stderr[-3000:]
     assert "unrecognized arguments: --no-such-flag" in r.stderr and "oscar-sgl:" not in r.stderr, r.stderr[-3000:]
+
+
+def test_free_server_port_is_below_the_ephemeral_range_and_skips_ports_in_use(monkeypatch):
+    import socket
+
+    low_ephemeral = serve._ephemeral_low()
+    for _ in range(20):
+        port = serve.free_server_port()
+        assert 10000 <= port and port + 16 <= min(22000, low_ephemeral), port
+        for p in (port, port + 15):  # the span is free: a server and its derived ports can bind
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", p))
+    # A port whose span holds a listener is never returned.
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy_port = busy.getsockname()[1]
+        busy.listen()
+        monkeypatch.setattr(serve, "_ephemeral_low", lambda: 40000)
+        picks = iter([busy_port - 3, *range(busy_port + 1, busy_port + 200)])
+        monkeypatch.setattr(serve.random.SystemRandom, "randint", lambda self, a, b: next(picks))
+        port = serve.free_server_port(low=1024, high=39999)
+        assert port > busy_port, (port, busy_port)  # busy_port - 3 was drawn first and passed over
+    with pytest.raises(RuntimeError, match="no 16 consecutive free ports"):
+        monkeypatch.setattr(serve.random.SystemRandom, "randint", lambda self, a, b: busy_port - 1)
+        with socket.socket() as busy:
+            busy.bind(("0.0.0.0", busy_port))
+            busy.listen()
+            serve.free_server_port(low=1024, high=65000, attempts=3)
