@@ -754,7 +754,15 @@ _PAGE_ASM = tl.constexpr(
 
 
 @triton.jit
-def _page_words(ra, rb, uw, sw, bw, QMAX: tl.constexpr, USE_ASM: tl.constexpr):
+def page_u_words(sw, QMAX: tl.constexpr):
+    """u = fp16(step / qmax) of both fp16 halves of the grid's step words ``sw`` (once per tile)."""
+    u_lo = tl.math.div_rn(_f16_lo(sw).to(tl.float32), tl.full(sw.shape, QMAX, tl.float32)).to(tl.float16)
+    u_hi = tl.math.div_rn(_f16_hi(sw).to(tl.float32), tl.full(sw.shape, QMAX, tl.float32)).to(tl.float16)
+    return _f16_word(u_lo, u_hi)
+
+
+@triton.jit
+def page_words(ra, rb, uw, sw, bw, QMAX: tl.constexpr, USE_ASM: tl.constexpr):
     """The (scale, offset) fp16-pair words ``[NGT, D/2]`` of NGT key groups from their index pairs
     ``ra`` / ``rb`` (int16 ``[NGT, D/2]``: channel 2m in the low byte) and the page grid's pair
     words ``[D/2]``: ``uw`` (u = step / qmax), ``sw`` (step), ``bw`` (base). fp16 arithmetic, each
@@ -805,10 +813,7 @@ def page_key_pairs(raw, NGT: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BIT
     J: tl.constexpr = 8 // BITS
     QMAX: tl.constexpr = (1 << BITS) - 1
     bw, sw, ra, rb = raw
-    # u = fp16(step / qmax) per channel of the page: once per tile
-    u_lo = tl.math.div_rn(_f16_lo(sw).to(tl.float32), tl.full(sw.shape, QMAX, tl.float32)).to(tl.float16)
-    u_hi = tl.math.div_rn(_f16_hi(sw).to(tl.float32), tl.full(sw.shape, QMAX, tl.float32)).to(tl.float16)
-    s_w, o_w = _page_words(ra, rb, _f16_word(u_lo, u_hi), sw, bw, QMAX, USE_ASM)
+    s_w, o_w = page_words(ra, rb, page_u_words(sw, QMAX), sw, bw, QMAX, USE_ASM)
     s_pk = _pair_words(s_w, NGT, W, J, USE_ASM)
     o_pk = _pair_words(o_w, NGT, W, J, USE_ASM)
     return s_pk, o_pk
