@@ -99,7 +99,7 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     starts = [0, 0, 0, len(prompts[0])]  # the fourth: log-probs of its 40 new tokens only
     served = []
     with launch(folder, "--kv-cache", "oscar", "--oscar-bits", "2", "--oscar-page-size", str(PAGE),
-                "--max-running-requests", "2", "--enable-cache-report",
+                "--oscar-k-group", "32", "--max-running-requests", "2", "--enable-cache-report",
                 max_total_tokens=8192, startup_timeout=400) as server:
         for ids, start in zip(prompts, starts):
             served.append(_generate(server, ids, start))
@@ -111,7 +111,7 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     types = model.config.layer_types
     assert oscar["sliding_window_layers"] == {str(i): window - 1 for i, t in enumerate(types) if t == "sliding_attention"}
     assert len(oscar["sliding_window_layers"]) == 15, oscar["sliding_window_layers"]
-    cfg = OscarConfig(bits=2, page_size=PAGE)  # the INT2 default format, as the server
+    cfg = OscarConfig(bits=2, k_group=32, v_group=32, page_size=PAGE)
     plan = ref.key_rotation_plan(model, cfg)  # the server computed it from the weights SGLang loaded
     assert oscar["key_rotation"]["plan"] == [[int(x) for x in row] for row in plan], oscar["key_rotation"]
     report = []

@@ -72,8 +72,7 @@ FORMAT: dict[str, Any] = {}
 def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: dict[str, str],
                min_alignment: float | None = None) -> dict[str, Any]:
     tau = () if min_alignment is None else ("--oscar-key-rotation-min-alignment", str(min_alignment))
-    flags = {"key_ranges": "--oscar-key-ranges", "k_group": "--oscar-k-group", "v_group": "--oscar-v-group",
-             "offset": "--oscar-offset", "clip": "--oscar-clip"}
+    flags = {"key_ranges": "--oscar-key-ranges", "k_group": "--oscar-k-group", "v_group": "--oscar-v-group"}
     tau += tuple(x for k, v in FORMAT.items() for x in (flags[k], str(v)))
     args = serve.server_args(model, kv_cache=kv, bits=2, cuda_graph=graphs, dummy=False, mem_fraction=0.3,
                              extra=("--dtype", "bfloat16", "--oscar-page-size", str(PAGE), *tau) if kv == "oscar"
@@ -205,18 +204,13 @@ def main() -> int:
     old = json.loads(Path(a.rescore).read_text()) if a.rescore else None
     name = old.get("model_name", "default") if old else a.model  # a rescore uses the recorded model
     path = str(models.model_folder(models.DEFAULT_MODEL if name == "default" else name))
-    from oscar_sgl.config import FORMAT_FIELDS, PAPER_FORMAT, OscarConfig
-
-    # Every format field explicit, on the servers' command lines and in the JSON: the INT2 default.
-    given = {k: v for k, v in (("key_ranges", a.key_ranges), ("k_group", a.k_group), ("v_group", a.v_group)) if v is not None}
-    FORMAT.update({k: getattr(OscarConfig(bits=2, **given), k) for k in FORMAT_FIELDS})
+    FORMAT.update({k: v for k, v in (("key_ranges", a.key_ranges), ("k_group", a.k_group), ("v_group", a.v_group))
+                   if v is not None})
     if old:
         runs, stand_in = old["servers"], old["stand_in"]
         tau = old.get("key_rotation_min_alignment", tau)
         FORMAT.clear()
-        # A run before the format defaults depended on the width (commit after 29d61cb) recorded only the
-        # fields it set: the others were then the paper's.
-        FORMAT.update({**PAPER_FORMAT, **old.get("format", {})})
+        FORMAT.update(old.get("format", {}))
     else:
         env, stand_in = serve.harness_env()
         kinds = {"bf16": ("default", True), "int2-eager": ("oscar", False), "int2-graph": ("oscar", True)}
