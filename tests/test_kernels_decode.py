@@ -481,3 +481,25 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
     assert int(ws[2].abs().sum()) == 0
     assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
     assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
+
+
+def test_balanced_split_count_fills_whole_waves():
+    """``pick_num_splits(waves=None)`` (the default from 512 (request, KV head) pairs on): the split
+    counts measured best on an H200 (132 SMs; benches/results/kernels_splits_8f465df/splits.md), the
+    old count where it was already right, and waves at least 95 % full or the fullest within four."""
+    from oscar_sgl.kernels import pick_num_splits
+
+    got = {b: pick_num_splits(b, 8, num_sms=132, waves=None) for b in (64, 67, 72, 96, 128, 256, 512, 4096)}
+    assert got == {64: 2, 67: 7, 72: 7, 96: 4, 128: 1, 256: 1, 512: 1, 4096: 1}
+    for pairs in range(1, 5000, 7):
+        s = pick_num_splits(pairs, 1, num_sms=132, waves=None)
+        w = pairs * s / (132 * 8)
+        assert s >= 1 and (s == 1 or w <= 4.0)
+        fills = [pairs * t / 1056 / math.ceil(pairs * t / 1056) for t in range(1, 129) if t == 1 or pairs * t / 1056 <= 4.0]
+        assert w / math.ceil(w) >= min(1 / 1.05, max(fills)) - 1e-9, (pairs, s)
+    # The rule by launch size: balanced from 512 pairs on, 16 programs per SM below (unchanged).
+    assert kdecode._default_tuning(64, 8, 128, 128).waves is None
+    assert kdecode._default_tuning(63, 8, 128, 128).waves == 16.0
+    # Without a GPU it counts 8 "SMs" (the interpreter runs programs one after the other).
+    if not torch.cuda.is_available():
+        assert pick_num_splits(64, 8, waves=None) == 1

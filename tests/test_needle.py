@@ -188,3 +188,15 @@ def test_tiny_real_run_writes_json_and_png(tmp_path, capsys):
         assert t["correct"] == {lb: nd.score(t["outputs"][lb], t["passkey"]) for lb in labels}
     # Measured: full precision retrieves the key at 256 tokens (4 of 4 at depths 0.2 and 0.8).
     assert acc["full"]["retrieved"] == 2, rep["trial_results"]
+
+
+def test_format_flags_give_one_method_each(smollm2):
+    """`eval needle --key-ranges group page --offset ... --clip ...` runs every combination (as
+    `eval ppl`), each a column labelled apart with its own effective bits."""
+    args = cli.build_parser().parse_args(["eval", "needle", "--bits", "2", "--methods", "oscar", "--key-ranges", "group",
+                                          "page", "--k-group", "16", "--v-group", "64", "--offset", "min", "--clip", "values"])
+    configs = cli._configs(args)
+    assert [c.label for c in configs] == ["oscar+min+clip-values", "oscar+min+clip-values+page-ranges"]
+    methods = nd.methods_for(configs, smollm2[0])  # SmolLM2: 3 KV heads, head_dim 64
+    assert [m.label for m in methods] == ["full", "INT2 oscar+min+clip-values", "INT2 oscar+min+clip-values+page-ranges"]
+    assert [round(m.effective_bits, 3) for m in methods[1:]] == [3.333, 2.958]

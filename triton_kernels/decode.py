@@ -315,9 +315,25 @@ def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
     )
 
 
-def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float = 4.0, max_splits: int = 128) -> int:
-    """Sealed-page splits per (request, KV head): about ``waves`` programs per SM in all, the
-    open-page program of each (request, head) included (``splits + 1`` programs per pair).
+#: Sealed-split programs of the tuned one-warp stage 1 resident on one SM at once (~240 registers
+#: each), and the most waves of them `pick_num_splits(waves=None)` spreads a launch over.
+RESIDENT_PROGRAMS_PER_SM = 8
+BALANCED_MAX_WAVES = 4.0
+
+
+def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float | None = 4.0,
+                    max_splits: int = 128) -> int:
+    """Sealed-page splits per (request, KV head).
+
+    ``waves`` a number: about ``waves`` programs per SM in all, the open-page program of each
+    (request, head) included (``splits + 1`` programs per pair). ``waves`` None (balanced): the
+    ``pairs * splits`` sealed-split programs fill the SMs' `RESIDENT_PROGRAMS_PER_SM` slots in whole
+    waves: the smallest split count whose last wave is at least 95 % full (``ceil(w) / w <= 1.05``,
+    ``w`` the waves), else the fullest within `BALANCED_MAX_WAVES` waves. Measured on an H200 (Llama
+    shapes, benches/results/kernels_splits_8f465df/splits.md): 8 programs per SM gave one split from
+    528 pairs on, so 67-72 requests of 32K tokens at 8 KV heads ran one half-empty wave, 1.85x the
+    time of 64 requests; the balanced count (7) runs them 1.6x faster, 96 requests of 16K 1.3x
+    faster (4), and keeps 512, 1024 and 2048 pairs at their old count.
 
     Depends on the batch size only (never on lengths), so one CUDA graph per batch size serves
     every length. Without a GPU (the kernels then run in Triton's interpreter, tests only) it counts
@@ -325,8 +341,22 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     """
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
-    want = int(num_sms * waves)
-    return max(1, min(max_splits, -(-want // max(1, batch * num_kv_heads)) - 1))
+    pairs = max(1, batch * num_kv_heads)
+    if waves is not None:
+        want = int(num_sms * waves)
+        return max(1, min(max_splits, -(-want // pairs) - 1))
+    slots = num_sms * RESIDENT_PROGRAMS_PER_SM
+    best, best_fill = 1, 0.0
+    for s in range(1, max_splits + 1):
+        w = pairs * s / slots
+        if s > 1 and w > BALANCED_MAX_WAVES:
+            break
+        fill = w / math.ceil(w)  # how full the waves are on average
+        if fill >= 1 / 1.05:
+            return s
+        if fill > best_fill + 1e-12:
+            best, best_fill = s, fill
+    return best
 
 
 @dataclass(frozen=True)
@@ -341,7 +371,8 @@ class _DecodeTuning:
         transposed: the tuned stage-1 form (tokens as the M side of both products, the query heads
             padded to 8 columns, the next tile's loads issued before the current tile's math);
             False: the query heads as rows padded to 16, the loop left to Triton's pipeliner.
-        waves: programs per SM, turned into the split count by ``pick_num_splits``.
+        waves: programs per SM, turned into the split count by ``pick_num_splits``; None: the
+            balanced split count (whole waves of resident programs, ``pick_num_splits(waves=None)``).
         num_splits: sealed-page splits per (request, KV head); None: the workspace's when one is
             given, else from ``waves``.
         fused_merge: merge the splits in the last stage-1 program of each (request, KV head) (one
@@ -364,7 +395,7 @@ class _DecodeTuning:
     block_t: int
     num_warps: int
     transposed: bool
-    waves: float
+    waves: float | None
     num_stages: int = 3
     maxnreg: int | None = None
     num_splits: int | None = None
@@ -377,15 +408,15 @@ def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int
     """The decode configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
 
     head_dim <= 128: one warp per program on 32-token tiles, the transposed form; ~16 programs per
-    SM below 512 (request, KV head) pairs, ~8 above (a one-warp program holds ~240 registers: 8 fit
-    on an SM); the Triton stage 1 with the write and the merge fused (the Gluon stage 1 is opt-in,
+    SM below 512 (request, KV head) pairs, balanced splits from 512 on (whole waves of the 8
+    one-warp programs of ~240 registers an SM holds, ``pick_num_splits(waves=None)``); the Triton stage 1 with the write and the merge fused (the Gluon stage 1 is opt-in,
     ``_DecodeTuning.gluon``). Larger head dims keep the first version's
     two warps on 64-token tiles and the plain form (not tuned on a GPU). The page size is a multiple
     of 32 (``oscar_sgl.supported``). Never depends on lengths: a launch replays in a CUDA graph."""
     block_t = min(page_size, 32 if head_dim <= 128 else 16)
     if head_dim <= 128:
         return _DecodeTuning(block_n=32, block_t=block_t, num_warps=1, transposed=True,
-                             waves=16.0 if batch * num_kv_heads < 512 else 8.0)
+                             waves=16.0 if batch * num_kv_heads < 512 else None)
     return _DecodeTuning(block_n=min(page_size, 64), block_t=block_t, num_warps=2, transposed=False, waves=4.0)
 
 

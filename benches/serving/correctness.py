@@ -28,6 +28,7 @@ explained by the reference's log-probability gap between its top two tokens at t
         # rotated, 10 layers stored as KIVI, 12 mixed), against OscarCache with the same plan
     python benches/serving/correctness.py --out DIR --servers int2-eager,int2-graph --key-ranges page --k-group 16 --v-group 64
         # the OScaR servers with page-grid key ranges (docs/LAYOUT.md §1), against OscarCache in the same format
+        # (add --offset min --clip values: the most accurate INT2 per bit, README)
     python benches/serving/correctness.py --out DIR --model gemma-3-270m
         # gemma-3-270m (5 sliding-window layers per full one): the servers' sliding layers read their
         # window only, as transformers + OscarCache do (the wheels of requirements/models.txt installed)
@@ -72,7 +73,8 @@ FORMAT: dict[str, Any] = {}
 def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: dict[str, str],
                min_alignment: float | None = None) -> dict[str, Any]:
     tau = () if min_alignment is None else ("--oscar-key-rotation-min-alignment", str(min_alignment))
-    flags = {"key_ranges": "--oscar-key-ranges", "k_group": "--oscar-k-group", "v_group": "--oscar-v-group"}
+    flags = {"key_ranges": "--oscar-key-ranges", "k_group": "--oscar-k-group", "v_group": "--oscar-v-group",
+             "offset": "--oscar-offset", "clip": "--oscar-clip"}
     tau += tuple(x for k, v in FORMAT.items() for x in (flags[k], str(v)))
     args = serve.server_args(model, kv_cache=kv, bits=2, cuda_graph=graphs, dummy=False, mem_fraction=0.3,
                              extra=("--dtype", "bfloat16", "--oscar-page-size", str(PAGE), *tau) if kv == "oscar"
@@ -192,6 +194,10 @@ def main() -> int:
                     help="the OScaR servers' and the reference's --oscar-key-ranges (default: the servers' default)")
     ap.add_argument("--k-group", type=int, default=None, help="--oscar-k-group of the OScaR servers and the reference")
     ap.add_argument("--v-group", type=int, default=None, help="--oscar-v-group of the OScaR servers and the reference")
+    ap.add_argument("--offset", choices=("integer", "min"), default=None,
+                    help="--oscar-offset of the OScaR servers and the reference (default: theirs)")
+    ap.add_argument("--clip", choices=("none", "keys", "values", "both"), default=None,
+                    help="--oscar-clip of the OScaR servers and the reference (default: theirs)")
     ap.add_argument("--key-rotation-min-alignment", type=float, default=None, metavar="RHO",
                     help="the OScaR servers' --oscar-key-rotation-min-alignment, and the references' (default: theirs)")
     a = ap.parse_args()
@@ -204,13 +210,18 @@ def main() -> int:
     old = json.loads(Path(a.rescore).read_text()) if a.rescore else None
     name = old.get("model_name", "default") if old else a.model  # a rescore uses the recorded model
     path = str(models.model_folder(models.DEFAULT_MODEL if name == "default" else name))
-    FORMAT.update({k: v for k, v in (("key_ranges", a.key_ranges), ("k_group", a.k_group), ("v_group", a.v_group))
-                   if v is not None})
+    from oscar_sgl import OscarConfig
+
+    # Every format field explicit, on the servers' command lines and in the JSON (a run before this
+    # recorded only the fields it set; the others had their defaults, the same then as now).
+    fields = ("key_ranges", "k_group", "v_group", "offset", "clip")
+    given = {k: getattr(a, k) for k in fields if getattr(a, k) is not None}
+    FORMAT.update({k: getattr(OscarConfig(bits=2, **given), k) for k in fields})
     if old:
         runs, stand_in = old["servers"], old["stand_in"]
         tau = old.get("key_rotation_min_alignment", tau)
         FORMAT.clear()
-        FORMAT.update(old.get("format", {}))
+        FORMAT.update({k: getattr(OscarConfig(bits=2, **old.get("format", {})), k) for k in fields})
     else:
         env, stand_in = serve.harness_env()
         kinds = {"bf16": ("default", True), "int2-eager": ("oscar", False), "int2-graph": ("oscar", True)}

@@ -162,6 +162,21 @@ def _add_quant_flags(p: argparse.ArgumentParser) -> None:
                    help="token-scale scope: one norm over all KV heads of a layer, or one per head (default: %(default)s)")
 
 
+def _add_format_flags(p: argparse.ArgumentParser) -> None:
+    """The seal-time quantizer and key-range flags of `eval ppl` and `eval needle`: each takes several
+    values, and every combination is evaluated."""
+    p.add_argument("--offset", nargs="+", choices=OFFSET_CHOICES, default=[OscarConfig().offset],
+                   help="seal-time offset of a quantization group: an integer zero point (the paper) or the group "
+                   "minimum; several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+    p.add_argument("--clip", nargs="+", choices=CLIP_CHOICES, default=[OscarConfig().clip],
+                   help="which groups get the seal-time MSE clip search (range shrunk to 1 .. 3/4 of its width); "
+                   "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+    p.add_argument("--key-ranges", nargs="+", choices=KEY_RANGES_CHOICES, default=[OscarConfig().key_ranges],
+                   help="how a key group's range is stored: an fp16 scale/offset pair per group (the paper), or two "
+                   "uint8 indices into a per-page fp16 grid, half the bits per group (use with --k-group 16); "
+                   "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+
+
 #: OscarConfig field -> the flag that sets it, for error messages.
 CONFIG_FLAGS = {"bits": "--bits", "k_group": "--k-group", "v_group": "--v-group", "page_size": "--page-size",
                 "norm_scope": "--norm-scope", "key_rotation_min_alignment": "--key-rotation-min-alignment",
@@ -211,16 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                      f"is at least RHO (default: {OscarConfig().key_rotation_min_alignment})")
     ppl.add_argument("--sliding-layers", choices=("quantized", "bf16"), default=OscarConfig().sliding_layers,
                      help="what a hybrid model's sliding-window layers store (default: %(default)s)")
-    ppl.add_argument("--offset", nargs="+", choices=OFFSET_CHOICES, default=[OscarConfig().offset],
-                     help="seal-time offset of a quantization group: an integer zero point (the paper) or the group "
-                     "minimum; several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
-    ppl.add_argument("--clip", nargs="+", choices=CLIP_CHOICES, default=[OscarConfig().clip],
-                     help="which groups get the seal-time MSE clip search (range shrunk to 1 .. 3/4 of its width); "
-                     "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
-    ppl.add_argument("--key-ranges", nargs="+", choices=KEY_RANGES_CHOICES, default=[OscarConfig().key_ranges],
-                     help="how a key group's range is stored: an fp16 scale/offset pair per group (the paper), or two "
-                     "uint8 indices into a per-page fp16 grid, half the bits per group (use with --k-group 16); "
-                     "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+    _add_format_flags(ppl)
     ppl.add_argument("--json", type=_output_file, default=None, help="write the results as JSON here")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_quant_flags(ppl)
@@ -303,6 +309,7 @@ def _add_needle_parser(evsub: Any) -> None:
                     "http://127.0.0.1:30000; repeatable (benches/needle/run_server.py starts the two CPU servers)")
     nd.add_argument("--server-only", action="store_true",
                     help="only the --server runs: no local model, full precision or quantized cache")
+    _add_format_flags(nd)
     nd.add_argument("--png", type=_output_file, default=None, help="write accuracy vs context length here")
     nd.add_argument("--json", type=_output_file, default=None, help="write the results (and every trial) as JSON here")
     nd.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -680,7 +687,8 @@ def cmd_eval_needle(args: argparse.Namespace) -> int:
         "lengths": lengths, "depths": args.depths, "trials": args.trials, "seed": args.seed,
         "bos": task.bos, "new_tokens": new_tokens,
         "quantization": {"k_group": args.k_group, "v_group": args.v_group, "page_size": args.page_size,
-                         "norm_scope": args.norm_scope},
+                         "norm_scope": args.norm_scope, "offset": args.offset, "clip": args.clip,
+                         "key_ranges": args.key_ranges},
         "methods": [{"label": m.label, "method": m.name, "bits": m.bits, "effective_bits": m.effective_bits} for m in methods],
         "servers": server_info,
         "accuracy": nd.accuracy_table(trials, methods),

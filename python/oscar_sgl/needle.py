@@ -351,7 +351,8 @@ def methods_for(configs: Iterable[Any], model: Any) -> list[Method]:
     out = [full]
     for cfg in configs:
         _, heads, head_dim = check_quality_model(cfg, model_config)
-        out.append(Method(cfg.method, cfg.bits, cfg.effective_bits(heads, head_dim), cfg))
+        # cfg.label: the method, plus the seal-time / key-range options that differ from the defaults
+        out.append(Method(cfg.label, cfg.bits, cfg.effective_bits(heads, head_dim), cfg))
     return out
 
 
