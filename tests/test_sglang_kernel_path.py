@@ -244,6 +244,63 @@ def test_direct_seals_give_the_bytes_and_outputs_of_staged_seals(use_kernels, de
                 assert torch.equal(a[li][sealed], b[li][sealed]), (li, name)
 
 
+def _compiled(fn) -> int:
+    """Compiled variants of a Triton kernel in this process (0 in the interpreter)."""
+    caches = getattr(fn, "device_caches", None)
+    return sum(len(c[0]) for c in caches.values()) if caches else 0
+
+
+POOL_TENSORS = ("k_codes", "v_codes", "k_params", "k_ranges", "v_params", "scales", "stage_k", "stage_v", "stage_scale")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ranges", ["group", "page"])
+def test_warm_up_compiles_the_prefill_kernels_and_changes_nothing(ranges, device):
+    """`OscarAttnBackend.warm_up_kernels` (run by the server at startup on CUDA) launches every
+    prefill-path kernel of the layer's format, writes nothing the pool keeps (the buffers are
+    unchanged, and a pool that was warmed up gives bit-identical outputs and bytes to one that was
+    not), and on CUDA leaves nothing to compile: steps of other batch sizes, prefix lengths and
+    seal-plan lengths run on the variants it compiled (the batch values are not specialized on)."""
+    from oscar_sgl.kernels import extend as kext
+    from oscar_sgl.kernels import seal as kseal
+    from oscar_sgl.kernels import write as kwrite
+
+    torch.manual_seed(11)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    extra = {"offset": "min", "clip": "values"} if ranges == "page" else {}
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P, key_ranges=ranges, **extra)
+    total = 112
+    k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
+    v_all, q_all = torch.randn(LAYERS, 2, H, total, D), torch.randn(LAYERS, 2, total, HQ, D)
+    k_all, v_all, q_all = (x.to(device=device, dtype=dtype) for x in (k_all, v_all, q_all))
+    steps = [(False, [0, 0], [41, 7]), (False, [41, 7], [62, 19]), (False, [62, 19], [100, 70])]
+    steps += [(True, [100 + i, 70 + i], [101 + i, 71 + i]) for i in range(2)]
+    warm, cold = (_stack(cfg, True, device, dtype, tokens=320) for _ in range(2))
+    before = {n: getattr(warm.pool, n) for n in POOL_TENSORS}
+    before = {n: [t.clone() for t in v] if v is not None else None for n, v in before.items()}
+    maps = (warm.pool.page_map.clone(), warm.pool.oscar_step.scratch_map.clone())
+    info = warm.backend.warm_up_kernels(warm.layers, dtype)
+    assert info["layer_kinds"] == 1 and info["layers"] == [0]
+    for n, ts in before.items():
+        if ts is not None:
+            for a, b in zip(ts, getattr(warm.pool, n)):
+                assert torch.equal(a, b), n
+    assert torch.equal(maps[0], warm.pool.page_map) and torch.equal(maps[1], warm.pool.oscar_step.scratch_map)
+    kernels = (kext._extend_kernel, kext._dequantize_kernel, kseal._seal_kernel, kwrite._write_kv_kernel)
+    compiled = [_compiled(k) for k in kernels]
+    if device == "cuda":
+        assert all(compiled), compiled
+    out_w, slots_w = _run(warm, k_all, v_all, q_all, steps)
+    assert [_compiled(k) for k in kernels] == compiled  # nothing compiled while serving
+    out_c, slots_c = _run(cold, k_all, v_all, q_all, steps)
+    for a, b in zip(out_w, out_c):
+        assert torch.equal(a, b)
+    for n in POOL_TENSORS:
+        a, b = getattr(warm.pool, n), getattr(cold.pool, n)
+        if a is not None:
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), n
+
+
 def test_kernel_path_selection_and_shape_checks(monkeypatch):
     from oscar_sgl.sglang.pool import kernels_wanted
     from oscar_sgl.supported import check_kernel_shape

@@ -32,6 +32,21 @@ def use_asm(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and torch.version.hip is None
 
 
+def unspecialized(*values: str, pointers: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """``triton.jit`` keyword arguments that keep a launch's per-batch values out of the compile key:
+    the integers in ``values`` (batch sizes, plan lengths, windows) are specialized neither on
+    ``== 1`` nor on divisibility by 16, and the index pointers in ``pointers`` (which the
+    launchers may pass as slices of a batch's tables) not on 16-byte alignment. Otherwise a
+    server compiles a new variant of a kernel the first time a batch brings a new combination, a
+    multi-second stall in the middle of serving (benches/results/serving.md, session 17)."""
+    import inspect
+
+    kw: dict[str, list[str]] = {"do_not_specialize": list(values)}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        kw["do_not_specialize_on_alignment"] = list(values) + list(pointers)
+    return kw
+
+
 def log2_exact(x: int, what: str) -> int:
     """log2 of a power of two, with an error that names the quantity otherwise."""
     if x <= 0 or x & (x - 1):

@@ -40,7 +40,7 @@ import triton.language as tl
 from . import gluon_decode
 from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_staging, check_window, fwht_rows,
                      interpreting, key_mask_arguments, key_rows_rotated, named_pool_arguments, pool_arguments, rotation_arguments, sealed_tile, staging_tile, store_rotated_rows, tile_raw, to_bf16_rne,
-                     use_asm, write_token)
+                     unspecialized, use_asm, write_token)
 from .write import oscar_rotate_q, oscar_write_kv
 
 
@@ -262,7 +262,7 @@ def _decode_stage1_kernel(
             tl.atomic_xchg(o_cnt, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["n_part"])
+@triton.jit(**unspecialized("n_part"))
 def _decode_stage2_kernel(
     part_o_ptr,
     part_lse_ptr,

@@ -36,15 +36,18 @@ import triton.language as tl
 
 from .common import (PagedLayer, channel_of, check_attention_inputs, check_fp32_buffer, check_int32, check_sealed_tile, check_window, dequantize_tile,
                      dequantized_tile, fwht_rows, interpreting, pool_arguments, rotation_arguments, sealed_tile, staging_tile,
-                     to_bf16_rne, token_scales, use_asm)
+                     to_bf16_rne, token_scales, unspecialized, use_asm)
 from .write import oscar_rotate_q
 
 
-@triton.jit
+_INDEX_POINTERS = ("qo_indptr_ptr", "kv_indptr_ptr", "page_idx_ptr", "prefix_lens_ptr")
+
+
+@triton.jit(**unspecialized("B", "window_left", "search_steps", pointers=_INDEX_POINTERS))
 def _dequantize_kernel(
-    pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr, sk_ptr, sv_ptr, B, window_left,
+    pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr, sk_ptr, sv_ptr, B, window_left, search_steps,
     H: tl.constexpr, D: tl.constexpr, P: tl.constexpr, BITS: tl.constexpr, G_K: tl.constexpr, G_V: tl.constexpr,
-    BLOCK_N: tl.constexpr, LOG2B: tl.constexpr, POSITION: tl.constexpr, USE_ASM: tl.constexpr, WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr, POSITION: tl.constexpr, USE_ASM: tl.constexpr, WINDOW: tl.constexpr,
     KEY_PAGE: tl.constexpr,
 ):
     """Grid ``(len(kv_page_indices), H, P / BLOCK_N)``: tile ``t`` of KV head ``h`` of the ``i``-th
@@ -55,10 +58,11 @@ def _dequantize_kernel(
     i = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     t0 = tl.program_id(2) * BLOCK_N
-    # the request of entry i: the last b with kv_indptr[b] <= i (binary search over B + 1 offsets)
+    # the request of entry i: the last b with kv_indptr[b] <= i (binary search over B + 1 offsets,
+    # search_steps = bit length of B: a runtime trip count, so one compiled kernel serves every B)
     lo = 0
     hi = B
-    for _ in tl.static_range(LOG2B):
+    for _ in range(search_steps):
         mid = (lo + hi) // 2
         go = tl.load(kv_indptr_ptr + mid) <= i
         lo = tl.where(go, mid, lo)
@@ -80,7 +84,7 @@ def _dequantize_kernel(
                         KEY_PAGE)
 
 
-@triton.jit
+@triton.jit(**unspecialized("window_left", pointers=_INDEX_POINTERS))
 def _extend_kernel(
     q_ptr, qrot_ptr, k_ptr, v_ptr, o_ptr, pool, qo_indptr_ptr, kv_indptr_ptr, page_idx_ptr, prefix_lens_ptr,
     sk_ptr, sv_ptr,  # DEQUANTIZED: the sealed pages as _dequantize_kernel wrote them
@@ -446,8 +450,9 @@ def oscar_extend_attention(
             _dequantize_kernel[(n_g, h, p // deq_n)](
                 pool=pool["pool"], qo_indptr_ptr=qo_g, kv_indptr_ptr=kv_ind, page_idx_ptr=pages,
                 prefix_lens_ptr=pre_g, sk_ptr=sk, sv_ptr=sv, B=g1 - g0, window_left=window if window is not None else 0,
+                search_steps=max(1, (g1 - g0).bit_length()),
                 **{k_: pool[k_] for k_ in ("H", "D", "P", "BITS", "G_K", "G_V", "KEY_PAGE")}, BLOCK_N=deq_n,
-                LOG2B=max(1, (g1 - g0).bit_length()), POSITION=bool(position), USE_ASM=use_asm(q.device),
+                POSITION=bool(position), USE_ASM=use_asm(q.device),
                 WINDOW=window is not None,
             )  # fmt: skip
         else:
@@ -466,3 +471,26 @@ def oscar_extend_attention(
             WINDOW=window is not None, num_warps=num_warps, **extra,
         )  # fmt: skip
     return out
+
+
+def warm_up_extend(*, layer: PagedLayer, num_q_heads: int, dtype: torch.dtype, position: bool = True,
+                   window_left: int | None = None) -> None:
+    """Compile the launches `oscar_extend_attention` can make for ``layer``'s format before a
+    request needs them: one request, one new token over one sealed page (page 0, which SGLang
+    never allocates), its pages read pre-dequantized and in registers. Nothing of the pool is
+    written (the output and the scratch are this call's own). With the batch values kept out of
+    the compile key (`unspecialized`), these are every variant a server step of this layer runs."""
+    h, p, d = layer.k_codes.shape[1], layer.k_codes.shape[2], layer.staging_k.shape[3]
+    dev = layer.k_codes.device
+    q = torch.zeros(1, num_q_heads, d, dtype=dtype, device=dev)
+    k = torch.zeros(1, h, d, dtype=dtype, device=dev)
+    v = torch.zeros(1, h, d, dtype=dtype, device=dev)
+
+    def i32(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.int32).to(dev)
+
+    for dequantize in (True, False):
+        oscar_extend_attention(q=q, k=k, v=v, qo_indptr=i32([0, 1]), layer=layer, kv_indptr=i32([0, 1]),
+                               kv_page_indices=i32([0]), prefix_lens=i32([p]), sm_scale=1.0, max_new_tokens=1,
+                               position=position, kv_indptr_host=[0, 1], window_left=window_left,
+                               _tuning=_ExtendTuning(dequantize=dequantize))

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_int32, check_pool, check_staging, clip_range, pack_codes, pool_format, quantize, rne
+from .common import check_int32, check_pool, check_staging, clip_range, pack_codes, pool_format, quantize, rne, unspecialized
 
 
-@triton.jit(do_not_specialize=["num_plan"])
+@triton.jit(**unspecialized("num_plan", pointers=("plan_ptr",)))
 def _seal_kernel(
     plan_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, k_codes_ptr, k_params_ptr, v_codes_ptr, v_params_ptr, scale_ptr,
     k_ranges_ptr, num_plan,

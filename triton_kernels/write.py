@@ -15,10 +15,10 @@ import triton
 import triton.language as tl
 
 from .common import (check_fp32_buffer, check_int32, check_staging, key_mask_arguments, key_rows_rotated, load_rotated, rotation_arguments,
-                     store_rotated_rows, store_token_scales, to_bf16_rne)
+                     store_rotated_rows, store_token_scales, to_bf16_rne, unspecialized)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(**unspecialized("num_tokens"))
 def _write_kv_kernel(
     k_ptr,
     v_ptr,

@@ -650,28 +650,90 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     return res
 
 
-def bench_seal(bits: int, n_pages: int = 1024, offset: str = "integer", clip: str = "none") -> dict:
+def bench_seal(bits: int, n_pages: int = 1024, offset: str = "integer", clip: str = "none", k_group: int = 32,
+               v_group: int = 32, key_page: bool = False) -> dict:
     stg_k = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_v = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_s = torch.rand(n_pages, P, 1, device=DEV) + 0.5
     nbytes = D * bits // 8
     pool = dict(
         k_codes=torch.empty(n_pages + 1, H, P, nbytes, dtype=torch.uint8, device=DEV),
-        k_params=torch.empty(n_pages + 1, H, P // 32, 2, D, dtype=torch.float16, device=DEV),
+        k_params=torch.empty(n_pages + 1, H, 1 if key_page else P // k_group, 2, D, dtype=torch.float16, device=DEV),
         v_codes=torch.empty(n_pages + 1, H, P, nbytes, dtype=torch.uint8, device=DEV),
-        v_params=torch.empty(n_pages + 1, H, P, 2, D // 32, dtype=torch.float16, device=DEV),
+        v_params=torch.empty(n_pages + 1, H, P, 2, D // v_group, dtype=torch.float16, device=DEV),
         scale=torch.empty(n_pages + 1, P, 1, device=DEV),
     )
+    if key_page:
+        pool["k_ranges"] = torch.empty(n_pages + 1, H, P // k_group, 2, D, dtype=torch.uint8, device=DEV)
     plan = torch.stack([torch.randperm(n_pages, device=DEV) + 1, torch.arange(n_pages, device=DEV)], dim=1).to(torch.int32).contiguous()
 
     def run():
-        oscar_seal(plan=plan, staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s, **pool, bits=bits, k_group=32, v_group=32,
-                   offset=offset, clip=clip)
+        oscar_seal(plan=plan, staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s, **pool, bits=bits, k_group=k_group,
+                   v_group=v_group, offset=offset, clip=clip)
 
     t = time_calls([run])
     read = stg_k.numel() * 2 * 2 + stg_s.numel() * 4
-    written = n_pages * (H * (2 * P * nbytes + (P // 32) * 2 * D * 2 + P * 2 * (D // 32) * 2) + P * 4)
+    k_params = 2 * D * 2 + (P // k_group) * 2 * D if key_page else (P // k_group) * 2 * D * 2
+    written = n_pages * (H * (2 * P * nbytes + k_params + P * 2 * (D // v_group) * 2) + P * 4)
     return {"pages": n_pages, "bytes": read + written, "TBps": (read + written) / (t["us"] * 1e-6) / 1e12, "us_per_page": t["us"] / n_pages, **t}
+
+
+#: `--extend-formats`: the formats whose prefill cost is compared (name, k_group, v_group, page-grid
+#: key ranges, seal offset, seal clip): the paper's and the accurate INT2 preset (README).
+EXTEND_FORMATS = (("paper G_K32 G_V32", 32, 32, False, "integer", "none"),
+                  ("preset page G_K16 G_V64 min clip", 16, 64, True, "min", "values"),
+                  ("page G_K16 G_V64", 16, 64, True, "integer", "none"))
+
+
+def bench_extend_formats(bits: int, batch: int, prefix: int, new: int) -> list[dict]:
+    """One prefill step of ``batch`` requests with ``new`` tokens over a sealed ``prefix``, per
+    `EXTEND_FORMATS` entry: the default extend launch (``oscar_extend_attention``, the server's
+    position mode) and the seal launch of the pages the step fills (``batch * new / P``), CUDA graphs."""
+    rows = []
+    for name, kg, vg, page, offset, clip in EXTEND_FORMATS:
+        st = OscarSetup(bits, batch, prefix + new, 1, seed=3, k_group=kg, v_group=vg, key_page=page)
+        st.p2s.fill_(-1)
+        g = torch.Generator(device=DEV).manual_seed(4)
+        t = batch * new
+        q = torch.randn(t, HQ, D, device=DEV, generator=g).bfloat16()
+        k = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
+        v = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
+        qo = torch.arange(0, t + 1, new, dtype=torch.int32, device=DEV)
+        pre = torch.full((batch,), prefix, dtype=torch.int32, device=DEV)
+        out = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
+        host = st.indptr[0].tolist()
+
+        def ext():
+            oscar_extend_attention(q=q, k=k, v=v, qo_indptr=qo, **st.pool(), kv_indptr=st.indptr[0],
+                                   kv_page_indices=st.pages[0], prefix_lens=pre, sm_scale=1 / math.sqrt(D),
+                                   max_new_tokens=new, out=out, kv_indptr_host=host)  # fmt: skip
+
+        te = time_calls([ext])
+        del st, q, k, v, out
+        torch.cuda.empty_cache()
+        n_seal = max(1, batch * new // P)
+        ts = bench_seal(bits, n_pages=n_seal, offset=offset, clip=clip, k_group=kg, v_group=vg, key_page=page)
+        rows.append({"format": name, "k_group": kg, "v_group": vg, "key_page": page, "offset": offset, "clip": clip,
+                     "bits": bits, "batch": batch, "prefix": prefix, "new": new, "extend_us": te["us"],
+                     "seal_pages": n_seal, "seal_us": ts["us"], "seal_us_per_page": ts["us_per_page"]})
+        log(f"    {name:34s} INT{bits} B={batch} prefix={prefix} new={new}: extend {te['us']:9.1f} us, "
+            f"seal {n_seal} pages {ts['us']:8.1f} us")
+        torch.cuda.empty_cache()
+    return rows
+
+
+def extend_formats_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"One prefill step per format (`bench_decode.py --extend-formats`; {meta['gpu']}, triton {meta['triton']}, "
+           f"commit {meta['commit']}, {meta['date']}): the default extend launch over a sealed prefix and the seal "
+           "launch of the pages the step fills, CUDA graphs; H = 8, Hq = 32, D = 128.", "",
+           "| bits | B | prefix | new | format | extend us | x paper | seal us (pages) | x paper |",
+           "|---|---|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        base = next(x for x in rows if (x["bits"], x["batch"], x["prefix"], x["new"]) == (r["bits"], r["batch"], r["prefix"], r["new"]))
+        out.append(f"| {r['bits']} | {r['batch']} | {r['prefix']} | {r['new']} | {r['format']} | {r['extend_us']:.1f} | "
+                   f"{r['extend_us'] / base['extend_us']:.2f} | {r['seal_us']:.1f} ({r['seal_pages']}) | "
+                   f"{r['seal_us'] / base['seal_us']:.2f} |")
+    return "\n".join(out) + "\n"
 
 
 SEAL_OPTIONS = (("integer", "none"), ("min", "none"), ("integer", "values"), ("min", "values"), ("integer", "keys"),
@@ -863,6 +925,7 @@ def main() -> None:
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     ap.add_argument("--seal-only", action="store_true", help="only the seal kernel, for every seal-time quantizer option (offset x clip, docs/OSCAR.md §2.3); writes seal.json / seal.md")
     ap.add_argument("--formats", action="store_true", help="only the default decode launch over each key-range format (FORMATS: fp16 group pairs vs page-grid ranges at G_K 16) and SDPA, INT2 and INT4 at --shapes; writes formats.json / formats.md")
+    ap.add_argument("--extend-formats", default="", metavar="BxPREFIXxNEW,...", help="only one prefill step (extend launch + seal of the filled pages) per key-range format and seal quantizer (EXTEND_FORMATS) at these shapes; writes extend_formats.json / .md")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
@@ -887,6 +950,20 @@ def main() -> None:
         json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "seal.json"), "w"), indent=1)
         md = seal_markdown(rows, meta)
         open(os.path.join(args.out, "seal.md"), "w").write(md)
+        log(md)
+        return
+    if args.extend_formats:
+        rows = []
+        for spec in args.extend_formats.split(","):
+            b, pre, new = (int(x) for x in spec.split("x"))
+            for bits in (2, 4):
+                try:
+                    rows += bench_extend_formats(bits, b, pre, new)
+                except Exception:  # noqa: BLE001
+                    log(traceback.format_exc())
+                json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "extend_formats.json"), "w"), indent=1)
+        md = extend_formats_markdown(rows, meta)
+        open(os.path.join(args.out, "extend_formats.md"), "w").write(md)
         log(md)
         return
     if args.formats:

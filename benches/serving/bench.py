@@ -109,6 +109,23 @@ def _parallel(fn: Any, items: list[Any], workers: int) -> list[Any]:
         return list(ex.map(fn, items))
 
 
+def _profile_summary(folder: Path, tag: str, wait_s: float = 120) -> dict[str, Any]:
+    """The summary of the trace `tag` (written by the scheduler once its steps are done)."""
+    import trace_summary
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < wait_s:
+        found = sorted(folder.glob(f"{tag}*.trace.json.gz"))
+        if found:
+            size = -1
+            while size != found[0].stat().st_size:  # still being written
+                size = found[0].stat().st_size
+                time.sleep(2.0)
+            return {"trace": found[0].name, **trace_summary.summarize(found[0])}
+        time.sleep(1.0)
+    return {"error": f"no trace {tag}*.trace.json.gz in {folder} after {wait_s:.0f}s"}
+
+
 def long_decode(server: serve.Server, ids: Ids, *, input_len: int, output_len: int, margin: float) -> dict[str, Any]:
     pool = pool_tokens(server.get("/server_info"))
     n = max(1, int(margin * pool // (input_len + output_len)))
@@ -148,16 +165,42 @@ def sweep(server: serve.Server, ids: Ids, *, input_len: int, output_len: int, co
     return rows
 
 
+PREFILL_LINE = re.compile(r"^\[(?P<at>[^\]]+)\].*Prefill batch.*?#new-seq:\s*(?P<seqs>\d+),\s+#new-token:\s*(?P<new>\d+),"
+                          r"\s+#cached-token:\s*(?P<cached>\d+)", re.MULTILINE)
+
+
+def prefill_lines(log: str) -> list[dict[str, Any]]:
+    """SGLang's `Prefill batch` log lines: their timestamp and the new / cached token counts."""
+    return [{"at": m["at"], "seqs": int(m["seqs"]), "new": int(m["new"]), "cached": int(m["cached"])}
+            for m in PREFILL_LINE.finditer(log)]
+
+
+def profile_steps(server: serve.Server, out_dir: Path, steps: int, tag: str) -> None:
+    """Ask the server to profile its next `steps` forward steps (SGLang's /start_profile: torch
+    profiler, CPU and GPU activities, no stacks or shapes), written under `out_dir` as
+    `tag-TP-0.trace.json.gz` when the last step ends."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    server.post("/start_profile", {"output_dir": str(out_dir.resolve()), "num_steps": steps, "activities": ["CPU", "GPU"],
+                                   "with_stack": False, "record_shapes": False, "profile_id": tag})
+
+
 def multi_turn(server: serve.Server, ids: Ids, *, conversations: int, system_len: int, history_len: int,
-               turns: int, user_len: int, output_len: int) -> dict[str, Any]:
+               turns: int, user_len: int, output_len: int, profile: tuple[int, int, Path] | None = None) -> dict[str, Any]:
     """`conversations` agents share a `system_len`-token system prompt, each with its own
     `history_len`-token history; every turn appends the answer and `user_len` new tokens. All
-    conversations run turn t before any runs turn t+1 (so the pool sees all of them)."""
+    conversations run turn t before any runs turn t+1 (so the pool sees all of them). `profile`
+    (turn, steps, folder): the first `steps` forward steps of that turn go through the torch
+    profiler, summarised into the turn's entry (`trace_summary.summarize`)."""
     system = ids.make(1, system_len)
     convs = [system + ids.make(30_000 + c, history_len) for c in range(conversations)]
     per_turn: list[dict[str, Any]] = []
     for t in range(turns):
         prompts = [conv + ids.make(40_000 + 100 * c + t, user_len) for c, conv in enumerate(convs)]
+        traced = profile is not None and profile[0] == t + 1
+        tag = f"turn{t + 1}-{int(time.time())}"
+        if traced:
+            profile_steps(server, profile[2], profile[1], tag)
+        log0 = len(server.log())
         res = _parallel(lambda p: generate_stream(server, p, output_len), prompts, conversations)
         cached = [int(r["meta_info"].get("cached_tokens", 0)) for r in res]
         reusable = [len(convs[c]) for c in range(conversations)]  # what an earlier turn wrote
@@ -168,7 +211,10 @@ def multi_turn(server: serve.Server, ids: Ids, *, conversations: int, system_len
             # a conversation "stayed cached" if its earlier turns (beyond the shared system prompt)
             # came back from the radix cache: at least half of what it had written before
             "conversations_cached": sum(1 for c, r in zip(cached, reusable) if t > 0 and c >= system_len + (r - system_len) // 2),
+            "prefill_batches": prefill_lines(server.log()[log0:]),
         })
+        if traced:
+            per_turn[-1]["profile"] = _profile_summary(profile[2], tag)
         convs = [p + list(r["output_ids"] or []) for p, r in zip(prompts, res)]
     later = per_turn[1:]
     return {"workload": "multi-turn", "conversations": conversations, "system_len": system_len,
@@ -259,9 +305,13 @@ def cmd_run(a: argparse.Namespace) -> int:
                 result["workloads"] += sweep(server, ids, input_len=a.sweep_input, output_len=a.sweep_output,
                                              concurrencies=[int(c) for c in a.concurrency.split(",")])
             elif w == "multi-turn":
-                result["workloads"].append(multi_turn(server, ids, conversations=a.conversations,
-                                                      system_len=a.system_len, history_len=a.history_len,
-                                                      turns=a.turns, user_len=a.user_len, output_len=a.turn_output))
+                # each multi-turn of one run draws its own prompts (the first one: those of every run)
+                k = sum(1 for x in result["workloads"] if x.get("workload") == "multi-turn")
+                prof = (a.profile_turn, a.profile_steps, out / f"profile-{a.name}-mt{k}") if a.profile_turn else None
+                r = multi_turn(server, Ids(vocab=a.vocab, seed=k), conversations=a.conversations,
+                               system_len=a.system_len, history_len=a.history_len, turns=a.turns,
+                               user_len=a.user_len, output_len=a.turn_output, profile=prof)
+                result["workloads"].append({**r, "round": k, "after": [x.get("workload") for x in result["workloads"]]})
             elif w == "graph-check":
                 result["workloads"].append(graph_check(server, ids, prompts=8, input_len=1000, output_len=32,
                                                        batch=[int(b) for b in a.graph_batch.split(",")]))
@@ -388,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--user-len", type=int, default=256)
     r.add_argument("--turn-output", type=int, default=64)
     r.add_argument("--graph-batch", default="1,64")
+    r.add_argument("--profile-turn", type=int, default=0,
+                   help="multi-turn: run this turn's first --profile-steps forward steps under the torch profiler "
+                        "(SGLang's /start_profile) and summarise the trace into the result (0: off)")
+    r.add_argument("--profile-steps", type=int, default=4)
     r.add_argument("--out", required=True)
     r.add_argument("extra", nargs="*", help="more server flags, after --")
     rp = sub.add_parser("report")

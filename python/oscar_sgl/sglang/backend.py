@@ -42,6 +42,12 @@ from .classes import sglang_subclass
 from .step import OscarStep
 
 
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def window_of(layer: Any) -> int | None:
     """A sliding-window layer's window (SGLang's `RadixAttention.sliding_window_size`: the query at
     position x sees positions x - window .. x), None for a full-attention layer (SGLang's -1)."""
@@ -80,6 +86,7 @@ class OscarAttnBackendMixin:
         self.cfg = pool.oscar_config
         self.step: OscarStep = pool.oscar_step
         model = getattr(model_runner, "model", None)
+        attention_layers: list[Any] = []
         if model is not None:
             # Every attention layer of the loaded model, checked before the first request; the
             # sliding-window ones are recorded for /server_info (each forward reads its layer's window).
@@ -92,6 +99,7 @@ class OscarAttnBackendMixin:
                         "the OScaR kernels compute plain softmax attention; serve this model with --kv-cache default")
                 if isinstance(m, RadixAttention):
                     check_layer(m)
+                    attention_layers.append(m)
                     w = window_of(m)
                     if w is not None and pool.start_layer <= m.layer_id < pool.start_layer + pool.layer_num:
                         pool.sliding_windows[m.layer_id] = w
@@ -105,6 +113,40 @@ class OscarAttnBackendMixin:
             pool.oscar_set_key_rotation(plan)
         # --oscar-prefill: each query's sealed boundary by its position (True) or the prefix's end
         self.position = pool.oscar_settings.prefill == "position"
+        self.warm_up = None
+        if attention_layers and pool.use_kernels and torch.device(pool.device).type == "cuda" and not _interpreting():
+            dtype = getattr(getattr(model_runner, "model_config", None), "dtype", None)
+            self.warm_up = self.warm_up_kernels(attention_layers, dtype if isinstance(dtype, torch.dtype) else pool.dtype)
+
+    def warm_up_kernels(self, layers: list[Any], dtype: torch.dtype) -> dict[str, Any]:
+        """Compile the prefill-path kernels once per kind of layer (value rotation, per-head key
+        plan, token scales, sliding window, query heads) at startup, so that no request waits for a
+        Triton compile in the middle of serving (the decode kernels compile when SGLang captures
+        its CUDA graphs, or at its warm-up request). `OscarKVPool.oscar_warm_up` says why nothing
+        cached is touched. Returns what was compiled, for /server_info and the log."""
+        import logging
+        import time
+
+        pool = self.token_to_kv_pool
+        t0 = time.monotonic()
+        kinds: dict[tuple[Any, ...], int] = {}
+        for m in layers:
+            li = m.layer_id - pool.start_layer
+            if not 0 <= li < pool.layer_num:
+                continue
+            window = window_of(m)
+            kind = (pool.layer_rotates_values(li), pool.paged_layer(li).key_rotated is not None,
+                    pool.layer_scales_tokens(li), window is not None, m.tp_q_head_num)
+            if kind not in kinds:
+                kinds[kind] = li
+                pool.oscar_warm_up(li, num_q_heads=m.tp_q_head_num, dtype=dtype, position=self.position, window_left=window)
+        if torch.device(pool.device).type == "cuda":
+            torch.cuda.synchronize(torch.device(pool.device))
+        info = {"layer_kinds": len(kinds), "layers": sorted(kinds.values()), "seconds": round(time.monotonic() - t0, 2)}
+        pool.oscar_warm_up_info = info
+        logging.getLogger(__name__).info("oscar: prefill kernels compiled for %d layer kind(s) in %.1f s",
+                                         info["layer_kinds"], info["seconds"])
+        return info
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)  # type: ignore[misc]

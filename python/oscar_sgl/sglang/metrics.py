@@ -83,6 +83,8 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
         "max_seals_per_step": int(st.max_seals_per_step),
         "runtime_steps": int(st.steps),
         "stored_compression_ratio": float(st.compression_ratio),
+        # The prefill kernels compiled at startup (CUDA; None elsewhere): layer kinds, seconds.
+        "kernel_warm_up": getattr(pool, "oscar_warm_up_info", None),
     }
 
 

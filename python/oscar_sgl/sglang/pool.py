@@ -448,6 +448,33 @@ class OscarKVPoolMixin:
                          bits=cfg.bits, k_group=cfg.k_group, v_group=cfg.v_group, offset=cfg.offset, clip=cfg.clip,
                          k_ranges=self.k_ranges[li] if self.k_ranges is not None else None)
 
+    def oscar_warm_up(self, li: int, *, num_q_heads: int, dtype: torch.dtype, position: bool,
+                      window_left: int | None = None) -> None:
+        """Kernel path: compile the prefill-path launches of layer ``li`` (the write into staging
+        and into the direct-seal scratch, both seals, the query rotation, extend over pages read
+        pre-dequantized and in registers) before a request needs them. Writes nothing the pool
+        keeps: the token goes to page 0, which SGLang never allocates and neither map names (the
+        write skips it), the seal plan's one row names no page (skipped), and the extend reads
+        page 0 into its own output."""
+        from .. import kernels as K
+        from ..kernels.extend import warm_up_extend
+
+        h, d, dev = self.head_num, self.head_dim, self.device
+        k = torch.zeros(1, h, d, dtype=dtype, device=dev)
+        v = torch.zeros(1, h, d, dtype=dtype, device=dev)
+        loc = torch.zeros(1, dtype=torch.int64, device=dev)
+        rot = dict(rotation=self.layer_rotates_values(li), key_rotated=self._key_flags[li])
+        K.oscar_write_kv(k=k, v=v, loc=loc, page_to_staging=self.page_map, staging_k=self.stage_k[li],
+                         staging_v=self.stage_v[li], staging_scale=self.layer_stage_scale(li), **rot)
+        K.oscar_write_kv(k=k, v=v, loc=loc, page_to_staging=self.oscar_step.scratch_map, staging_k=self.scratch_k,
+                         staging_v=self.scratch_v,
+                         staging_scale=self.scratch_scale if self.layer_scales_tokens(li) else None, **rot)
+        plan = torch.tensor([[-1, 0]], dtype=torch.int32).to(dev)
+        self._seal_kernels(li, plan=plan)
+        self._seal_kernels(li, plan=plan, scratch=True)
+        warm_up_extend(layer=self.paged_layer(li), num_q_heads=num_q_heads, dtype=dtype, position=position,
+                       window_left=window_left)
+
     def _seal(self, li: int, page: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize one page `[H, P, D]` of layer `li` into the packed arrays (reference path)."""
         kb, vb = ref.seal(k, v, self.oscar_config, self.layer_plan(li))
