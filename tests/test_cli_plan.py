@@ -47,7 +47,7 @@ def test_plan_llama_shape():
          "error: --shape must describe a KV cache OScaR can quantize and the planner can count: the byte count of "
          "one page overflows 64 bits (the shape or page size is too large)"),
         ([*LLAMA_80GB, "--page-size", "100"],
-         "error: --page-size must be a positive multiple of --k-group (32), got 100: a page is sealed whole, and "
+         "error: --page-size must be a positive multiple of --k-group (16), got 100: a page is sealed whole, and "
          "no key group may straddle a seal"),
         ([*LLAMA_80GB, "--page-size", "0"],
          "error: --page-size must be a positive integer below 2^31, got 0"),

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from oscar_sgl import _core, reference
-from oscar_sgl.config import OscarConfig
+from oscar_sgl.config import PAPER_FORMAT, OscarConfig
 from oscar_sgl.errors import LayoutError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,7 +87,8 @@ def _rust_v(x: np.ndarray, bits: int, v_group: int, offset: str = "integer", cli
 
 
 def _cfg(bits: int, k_group: int = 32, v_group: int = 32, offset: str = "integer", clip: str = "none") -> OscarConfig:
-    return OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, offset=offset, clip=clip)  # type: ignore[arg-type]
+    return OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, offset=offset, clip=clip,  # type: ignore[arg-type]
+                       key_ranges="group")
 
 
 #: The seal-time quantizer options (docs/OSCAR.md §2.3): (offset, clip searched).
@@ -303,7 +304,8 @@ def test_non_finite_and_short_buffers_raise() -> None:
 def test_bytes_per_token_equals_config(
     bits: int, kv_heads: int, head_dim: int, k_group: int, v_group: int, token_scaling: bool, scope: str
 ) -> None:
-    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, rotation=False, token_scaling=token_scaling, norm_scope=scope)  # type: ignore[arg-type]
+    cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=k_group, rotation=False, token_scaling=token_scaling, norm_scope=scope,  # type: ignore[arg-type]
+                      key_ranges="group")
     assume(head_dim % v_group == 0)
     kw = dict(shape=(kv_heads, head_dim), bits=bits, k_group=k_group, v_group=v_group, scale_columns=cfg.scale_columns(kv_heads))
     assert _core.format_cost(**kw) == (cfg.bytes_per_token(kv_heads, head_dim), cfg.effective_bits(kv_heads, head_dim))
@@ -318,7 +320,7 @@ def test_plan_memory_llama_shape() -> None:
     assert list(by) == ["bf16", "fp8", "int4", "int2"]
     bf16, int2 = by["bf16"], by["int2"]
     assert bf16[1] == 32 * 8 * 128 * 4
-    assert int2[1] == 32 * OscarConfig().bytes_per_token(8, 128)
+    assert int2[1] == 32 * OscarConfig(**PAPER_FORMAT).bytes_per_token(8, 128)
     # INT2 holds ~5.3x the tokens of BF16 minus what the 64 BF16 staging pages cost.
     staging_tokens_bf16 = 64 * 128
     expected = (bf16[5] + 128 - staging_tokens_bf16) * (bf16[1] / int2[1])
@@ -434,7 +436,7 @@ def test_page_ranges_config_errors() -> None:
     for clip in ("keys", "both"):
         with pytest.raises(OscarConfigError, match="clips key groups"):
             OscarConfig(key_ranges="page", clip=clip)  # type: ignore[arg-type]
-    assert OscarConfig(key_ranges="page", clip="values").label == "oscar+clip-values+page-ranges"
+    assert OscarConfig(key_ranges="page", offset="integer", clip="values").label == "oscar+clip-values+page-ranges"
     with pytest.raises(LayoutError, match="whole pages"):
         _core.pack_k_page(np.zeros((1, 24, 8), np.float32).tobytes(), shape=(1, 24, 8), bits=2, k_group=4, page_size=16)
     with pytest.raises(LayoutError, match="key page grid"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from oscar_sgl import OscarCache, OscarConfig
+from oscar_sgl.config import PAPER_FORMAT
 from oscar_sgl.evaluate import (bos_choice, chunk_bounds, gutenberg_body, mean_ci, perplexity, student_t_quantile,
                                 tni_stats, window_ids, window_starts)
 
@@ -81,14 +82,15 @@ def test_model_quality_int2_oscar_beats_kivi_and_int4_is_near_lossless(smollm2, 
     base, results = perplexity(model, emma_ids[:, :1024], 512, configs)
     by = {(r.method, r.bits): r for r in results}
     assert 5 < base < 100
-    oscar2, kivi2, oscar4 = by["oscar", 2], by["kivi", 2], by["oscar", 4]
+    # The INT2 default format (page-grid key ranges, G_K 16, G_V 64, min offsets, value clip search).
+    oscar2, kivi2, oscar4 = by["oscar+min+clip-values+page-ranges", 2], by["kivi", 2], by["oscar", 4]
     # INT2: OScaR beats KIVI by a wide margin (measured ~6% vs ~36% on Emma at 1024+1024).
     assert oscar2.delta_ppl_pct < 0.5 * kivi2.delta_ppl_pct
     assert kivi2.delta_ppl_pct - oscar2.delta_ppl_pct > 10
     assert oscar2.kl < 0.5 * kivi2.kl and oscar2.top1_agreement > kivi2.top1_agreement
     # INT4 stays within 1.5 %.
     assert abs(oscar4.delta_ppl_pct) < 1.5
-    assert oscar2.effective_bits == pytest.approx(3.083, abs=1e-3)
+    assert oscar2.effective_bits == pytest.approx(2.958, abs=1e-3) and kivi2.effective_bits == pytest.approx(3.0)
 
 
 def test_tni_scaling_flattens_norms(smollm2, emma_ids):
@@ -101,6 +103,10 @@ def test_tni_scaling_flattens_norms(smollm2, emma_ids):
     # Somewhere in the model there is real imbalance, and scaling reduces it.
     assert max(s["before_max"] for s in stats) > 3
     assert sum(s["after_mean"] for s in stats) < sum(s["before_mean"] for s in stats)
+
+
+#: The paper's format as `eval ppl` flags (the INT2 default is the page-grid format).
+PAPER_FLAGS = ("--key-ranges", "group", "--k-group", "32", "--v-group", "32", "--offset", "integer", "--clip", "none")
 
 
 def _cli(*args, timeout=600):
@@ -124,7 +130,7 @@ BAD_FILES = {
     [
         (["eval", "ppl", "--bits", "3"], "error: --bits must be one of 2, 4, got 3"),
         (["eval", "ppl", "--page-size", "100"],
-         "error: --page-size must be a positive multiple of --k-group (32), got 100: a page is sealed whole, and "
+         "error: --page-size must be a positive multiple of --k-group (16), got 100: a page is sealed whole, and "
          "no key group may straddle a seal"),
         (["eval", "ppl", "--residual", "0"],  # the old name of --page-size
          "error: --page-size must be a positive integer below 2^31, got 0"),
@@ -167,8 +173,9 @@ BAD_FILES = {
         (["eval", "ppl", "--windows", "0"], "error: --windows must be a positive integer below 2^31, got 0"),
         (["eval", "ppl", "--clip", "values", "all"], "error: --clip must be one of 'none', 'keys', 'values', 'both', got 'all'"),
         (["eval", "ppl", "--key-ranges", "page", "--clip", "both"],
-         "error: --clip 'both' clips key groups, which --key-ranges 'page' does not store as free ranges (a key group's "
-         "range is a pair of indices into its page's grid): use --clip 'values' or 'none' with it"),
+         "error: --clip 'both' clips key groups, which --key-ranges 'page' (the INT2 default) does not store as free ranges "
+         "(a key group's range is a pair of indices into its page's grid): use --clip 'values' or 'none' with it, or "
+         "--key-ranges 'group'"),
         (["eval", "ppl", "--windows", "2", "--start", "0", "4000"],
          "error: --start must not be combined with --windows: give one or the other"),
         (["eval", "ppl", "--start", "-5"], "error: --start must be an integer of at least 0 below 2^31, got -5"),
@@ -206,17 +213,23 @@ def test_cli_seal_option_flags_give_one_config_each():
     from oscar_sgl import cli
 
     args = cli.build_parser().parse_args(["eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", "--offset", "integer",
-                                          "min", "--clip", "none", "values", "values"])
+                                          "min", "--clip", "none", "values", "values", "--key-ranges", "group",
+                                          "--k-group", "32", "--v-group", "32"])
     configs = cli._configs(args)
     assert [c.label for c in configs] == ["oscar", "oscar+clip-values", "oscar+min", "oscar+min+clip-values",
                                           "kivi", "kivi+clip-values", "kivi+min", "kivi+min+clip-values"]
-    assert configs[3] == OscarConfig(bits=2, offset="min", clip="values")
+    assert configs[3] == OscarConfig(bits=2, offset="min", clip="values", key_ranges="group", k_group=32, v_group=32)
     plain = cli._configs(cli.build_parser().parse_args(["eval", "ppl", "--bits", "4", "--methods", "oscar"]))
     assert plain == [OscarConfig(bits=4)]
+    # Without format flags each method and width takes its own defaults: INT2 oscar the page-grid
+    # format, kivi the paper's.
+    int2 = cli._configs(cli.build_parser().parse_args(["eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi"]))
+    assert int2 == [OscarConfig(bits=2), OscarConfig.for_method("kivi", bits=2)]
+    assert [c.label for c in int2] == ["oscar+min+clip-values+page-ranges", "kivi"]
     page = cli._configs(cli.build_parser().parse_args(["eval", "ppl", "--bits", "2", "--methods", "oscar", "--key-ranges",
                                                        "group", "page", "--k-group", "16", "--v-group", "64"]))
-    assert [c.label for c in page] == ["oscar", "oscar+page-ranges"]
-    assert page[1] == OscarConfig(bits=2, k_group=16, v_group=64, key_ranges="page")
+    assert [c.label for c in page] == ["oscar+min+clip-values", "oscar+min+clip-values+page-ranges"]
+    assert page[1] == OscarConfig(bits=2)
 
 
 def test_cli_refuses_a_binary_file_naming_the_byte():
@@ -323,7 +336,7 @@ def test_model_path_reuses_the_converted_folder(tmp_path, monkeypatch):
 
 def test_cli_ppl_json_report(tmp_path):
     out = tmp_path / "r.json"
-    r = _cli("eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", "--prefix-tokens", "128",
+    r = _cli("eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", *PAPER_FLAGS, "--prefix-tokens", "128",
              "--score-tokens", "64", "--start", "100", "--json", str(out), "--no-progress", "--threads", "2")
     assert r.returncode == 0, r.stderr
     assert "full precision (float32 KV, 32 bits): PPL" in r.stdout and "oscar" in r.stdout
@@ -351,7 +364,7 @@ def test_cli_ppl_windows_json_schema_and_paired_differences(tmp_path, smollm2):
     model, tok = smollm2
     out = tmp_path / "w.json"
     r = _cli("eval", "ppl", "--bits", "2", "--methods", "oscar", "kivi", "--prefix-tokens", "64", "--score-tokens",
-             "64", "--page-size", "32", "--windows", "2", "--json", str(out), "--no-progress", "--threads", "2")
+             "64", "--page-size", "32", *PAPER_FLAGS, "--windows", "2", "--json", str(out), "--no-progress", "--threads", "2")
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
     assert rep["schema"] == 2 and (rep["window_placement"], rep["windows_overlap"]) == ("even", False)
@@ -380,7 +393,7 @@ def test_cli_ppl_windows_json_schema_and_paired_differences(tmp_path, smollm2):
     mean, ci = mean_ci(diffs)
     assert pair["delta_ppl_pct_diff"] == pytest.approx(mean) and pair["delta_ppl_pct_diff_ci95"] == pytest.approx(list(ci))
     assert pair["lower_delta_ppl"] == ("a" if ci[1] < 0 else "b" if ci[0] > 0 else None)
-    cfgs = [OscarConfig.for_method(m, bits=2, page_size=32) for m in ("oscar", "kivi")]
+    cfgs = [OscarConfig.for_method(m, bits=2, page_size=32, **PAPER_FORMAT) for m in ("oscar", "kivi")]
     base, res = perplexity(model, body[:, total - 128 :], 64, cfgs)
     assert rep["baseline"]["per_window"][1]["ppl"] == pytest.approx(base, rel=1e-4)
     assert [x["per_window"][1]["ppl"] for x in rep["results"]] == pytest.approx([q.ppl for q in res], rel=1e-4)

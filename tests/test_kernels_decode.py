@@ -10,7 +10,7 @@ import torch
 from support.kernel_data import ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, build_pool, gpu, needs_cuda, reference_decode, rel_rms
 
 from oscar_sgl import reference as R
-from oscar_sgl.config import OscarConfig, OscarConfigError
+from oscar_sgl.config import PAPER_FORMAT, OscarConfig, OscarConfigError
 from oscar_sgl.kernels import decode as kdecode
 from oscar_sgl.kernels import decode_num_splits, decode_workspace, oscar_decode_attention, oscar_write_kv
 
@@ -42,7 +42,8 @@ def _decode(pool, q, *, out=None, tune=None, **kw):
 @pytest.mark.parametrize("bits,d,group,p", CASES)
 def test_decode_matches_reference(bits, d, group, p, nan_empty):
     h = 2 if d < 256 else 1
-    cfg = OscarConfig(bits=bits, page_size=p)
+    # INT2: the default (page-grid) format, and the paper's at half the GQA ratios
+    cfg = OscarConfig(bits=bits, page_size=p, **(PAPER_FORMAT if bits == 2 and group in (1, 4) else {}))
     pool = build_pool(cfg, h=h, d=d, p=p, lens=_lens(p), last_sealed={3}, seed=bits * 100 + d + group)
     q = torch.randn(len(_lens(p)), h * group, d).bfloat16().to(DEVICE)
     out = torch.full(q.shape, float("nan"), device=DEVICE)
@@ -285,7 +286,8 @@ def test_decode_sliding_window(bits, d, group, p, splits, nan_empty):
     whose last page is sealed (the packed last-page path); and the same launch without the window
     is another answer."""
     h = 2 if d < 256 else 1
-    cfg = OscarConfig(bits=bits, page_size=p)
+    # INT2: the default (page-grid) format, and the paper's at half the GQA ratios
+    cfg = OscarConfig(bits=bits, page_size=p, **(PAPER_FORMAT if bits == 2 and group in (1, 4) else {}))
     lens = [1, p - 1, 3 * p, 2 * p + 3, 4 * p + 5]
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed={2}, seed=7 * bits + d)
     q = torch.randn(len(lens), h * group, d).bfloat16().to(DEVICE)

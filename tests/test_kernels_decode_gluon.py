@@ -18,9 +18,15 @@ from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVIC
                                  reference_decode, rel_rms)
 
 from oscar_sgl import reference as R
-from oscar_sgl.config import OscarConfig
+from oscar_sgl.config import PAPER_FORMAT
+from oscar_sgl.config import OscarConfig as _OscarConfig
 from oscar_sgl.kernels import decode as kdecode
 from oscar_sgl.kernels import gluon_decode, oscar_decode_attention
+
+
+def OscarConfig(**kw):  # noqa: N802
+    """The Gluon stage 1 reads the paper's format (fp16 key pairs): every config here is in it."""
+    return _OscarConfig(**{**PAPER_FORMAT, **kw})
 
 _GLUON_REASON = gluon_decode.gluon_available(torch.device("cuda")) if HAS_CUDA else "needs a CUDA GPU"
 needs_gluon = pytest.mark.skipif(_GLUON_REASON is not None, reason=f"the Gluon stage 1 cannot run here: {_GLUON_REASON}")

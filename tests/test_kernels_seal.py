@@ -7,7 +7,7 @@ import torch
 from support.kernel_data import DEVICE, gpu, needs_cuda, random_kv
 
 from oscar_sgl import reference as R
-from oscar_sgl.config import OscarConfig
+from oscar_sgl.config import PAPER_FORMAT, OscarConfig
 from oscar_sgl.kernels import oscar_seal
 
 try:
@@ -165,13 +165,14 @@ def test_seal_sign_of_zero_offsets(bits):
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("offset,clip", [("min", "none"), ("integer", "both"), ("min", "both"), ("min", "keys"), ("integer", "values")])
 def test_seal_bytes_match_reference_seal_options(bits, offset, clip):
+    FMT = {"k_group": 32, "v_group": 32, "key_ranges": "group"}  # noqa: N806  (free key ranges: clip keys)
     """The seal-time quantizer options (docs/OSCAR.md §2.3): the kernel's bytes equal the reference's
     and the Rust packer's, constant and zero groups included; and they are not today's bytes (the
     options reach the kernel)."""
-    cfg = OscarConfig(bits=bits, page_size=32, offset=offset, clip=clip)  # type: ignore[arg-type]
+    cfg = OscarConfig(bits=bits, page_size=32, offset=offset, clip=clip, **FMT)  # type: ignore[arg-type]
     _run_and_check(cfg, h=2, d=64, p=32, kinds={0: "mixed", 1: "constant"}, seed=bits + 17)
     stg_k, stg_v, stg_s = _staging(cfg, h=1, d=64, p=32, ns=1, kinds={}, seed=1)
-    default = OscarConfig(bits=bits, page_size=32)
+    default = OscarConfig(bits=bits, page_size=32, **PAPER_FORMAT)
     assert not torch.equal(R.pack_k(stg_k[0], stg_s[0], cfg).params, R.pack_k(stg_k[0], stg_s[0], default).params) or \
         not torch.equal(R.pack_v(stg_v[0], cfg).params, R.pack_v(stg_v[0], default).params)
 

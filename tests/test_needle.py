@@ -140,7 +140,7 @@ def _main(capsys, *args):
     (["--text", "/etc/hostname"], "error: --text is read only with --haystack text, got --haystack filler"),
     (["--haystack", "text", "--text", "/nonexistent.txt"], "error: --text must be a UTF-8 text file: /nonexistent.txt does not exist"),
     (["--server-only"], "error: --server-only needs at least one --server URL"),
-    (["--page-size", "100"], "error: --page-size must be a positive multiple of --k-group (32), got 100: a page is sealed "
+    (["--page-size", "100"], "error: --page-size must be a positive multiple of --k-group (16), got 100: a page is sealed "
      "whole, and no key group may straddle a seal"),
     (["--png", "/missing-dir/n.png"], "error: --png must be a file in an existing folder, got /missing-dir/n.png "
      "(/missing-dir does not exist)"),

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oscar_sgl import OscarConfig
+from oscar_sgl.config import PAPER_FORMAT
 from oscar_sgl import reference as ref
 
 
@@ -96,7 +97,7 @@ def test_token_scales_shape_and_zero_rule(scope, cols):
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("method", ["kivi", "rotation-only", "scaling-only", "oscar"])
 def test_block_shapes_and_bytes(bits, method):
-    cfg = OscarConfig.for_method(method, bits=bits)
+    cfg = OscarConfig.for_method(method, bits=bits, **PAPER_FORMAT)  # the group format's shapes
     h, n, d = 3, 128, 64
     kb, vb = ref.seal(torch.randn(h, n, d), torch.randn(h, n, d), cfg)
     assert kb.codes.shape == (h, n, d * bits // 8) and kb.codes.dtype == torch.uint8
@@ -109,7 +110,7 @@ def test_block_shapes_and_bytes(bits, method):
 
 @pytest.mark.parametrize("bits, bound", [(2, 0.45), (4, 0.1)])
 def test_round_trip_error(bits, bound):
-    cfg = OscarConfig(bits=bits)
+    cfg = OscarConfig(bits=bits, page_size=64)
     k, v = torch.randn(2, 64, 128), torch.randn(2, 64, 128)
     kh, vh = ref.quantize_dequantize(k, v, cfg)
     assert ((kh - k).norm() / k.norm()).item() < bound
@@ -123,7 +124,7 @@ def test_scaling_rescues_a_tiny_token():
     v = torch.randn(1, 32, 64)
     err = {}
     for method in ("kivi", "scaling-only"):
-        kh, _ = ref.quantize_dequantize(k, v, OscarConfig.for_method(method))
+        kh, _ = ref.quantize_dequantize(k, v, OscarConfig.for_method(method, **PAPER_FORMAT))
         err[method] = ((kh[0, 0] - k[0, 0]).norm() / k[0, 0].norm()).item()
     assert err["scaling-only"] < 0.6 * err["kivi"]
 

@@ -106,7 +106,7 @@ def _run(st, k_all, v_all, q_all, steps, graph=False):
     (2, "layer", "exact", None, -1, "group"), (2, "layer", "position", [(False, True)], -1, "group"),
     (4, "layer", "exact", [(False, False)], -1, "group"), (2, "layer", "position", None, 19, "group"),
     (2, "layer", "exact", None, 40, "group"), (2, "layer", "position", None, -1, "page"),
-    (4, "layer", "exact", [(False, True)], 40, "page")])
+    (4, "layer", "exact", [(False, True)], 40, "page"), (2, "layer", "position", None, -1, "default-quantizer")])
 def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, window, ranges, device):
     """Both paths give the same outputs and nearly the same codes; also with a key-rotation plan
     (``plan``: one KV head's keys rotated, or none: the layer stored as KIVI), on a sliding-window
@@ -114,7 +114,11 @@ def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, window, 
     torch.manual_seed(bits)
     # The model's dtype: fp32 on CPU (the interpreter), bf16 on CUDA (what the kernels take there).
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cfg = OscarConfig(bits=bits, k_group=16, v_group=16, page_size=P, norm_scope=scope, key_ranges=ranges)
+    # "group" / "page": the paper's quantizer (integer offsets, no clip search); "default-quantizer": page
+    # ranges with the INT2 default's quantizer (min offsets, the value clip search; G_V 16 here, D = 16).
+    quantizer = dict(offset="min", clip="values") if ranges == "default-quantizer" else dict(offset="integer", clip="none")
+    ranges = "page" if ranges == "default-quantizer" else ranges
+    cfg = OscarConfig(bits=bits, k_group=16, v_group=16, page_size=P, norm_scope=scope, key_ranges=ranges, **quantizer)
     total = 80
     k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
     v_all = torch.randn(LAYERS, 2, H, total, D)
@@ -189,7 +193,7 @@ def test_seal_options_reach_both_seal_paths():
     total = 70
     k_all = torch.randn(LAYERS, 2, H, total, D) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
     v_all, q_all = torch.randn(LAYERS, 2, H, total, D), torch.randn(LAYERS, 2, total, HQ, D)
-    cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P, offset="min", clip="both")
+    cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P, offset="min", clip="both", key_ranges="group")
     pools = {}
     for name, c, kernels in (("ker", cfg, True), ("ref", cfg, False), ("ker_today", cfg.replace(offset="integer", clip="none"), True),
                              ("ref_today", cfg.replace(offset="integer", clip="none"), False)):

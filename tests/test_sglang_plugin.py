@@ -103,9 +103,13 @@ def test_seal_quantizer_flags_reach_the_config(parse):
     sa = parse("--kv-cache", "oscar", "--oscar-offset", "min", "--oscar-clip", "values")
     want = OscarConfig(offset="min", clip="values")
     assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))) == want
-    assert plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-clip", "both")).clip_keys
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-clip", "both", "--oscar-key-ranges", "group")).clip_keys
     default = plugin.oscar_config_of(parse("--kv-cache", "oscar"))
-    assert (default.offset, default.clip) == ("integer", "none")
+    assert (default.offset, default.clip) == ("min", "values")  # the INT2 default
+    int4 = plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-bits", "4"))
+    assert (int4.offset, int4.clip, int4.key_ranges, int4.k_group, int4.v_group) == ("integer", "none", "group", 32, 32)
+    kivi = plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-no-rotation", "--oscar-no-token-scaling"))
+    assert (kivi.offset, kivi.clip, kivi.key_ranges, kivi.k_group, kivi.v_group) == ("integer", "none", "group", 32, 32)
     for bad in (("--oscar-offset", "mean"), ("--oscar-clip", "all")):
         with pytest.raises(SystemExit):
             parse("--kv-cache", "oscar", *bad)
@@ -116,7 +120,8 @@ def test_key_ranges_flag_reaches_the_config(parse, capsys):
     is refused at flag parsing, naming both flags."""
     sa = parse("--kv-cache", "oscar", "--oscar-key-ranges", "page", "--oscar-k-group", "16", "--oscar-v-group", "64")
     assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))) == OscarConfig(key_ranges="page", k_group=16, v_group=64)
-    assert plugin.oscar_config_of(parse("--kv-cache", "oscar")).key_ranges == "group"
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar")).key_ranges == "page"
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar", "--oscar-bits", "4")).key_ranges == "group"
     with pytest.raises(SystemExit):
         parse("--kv-cache", "oscar", "--oscar-key-ranges", "pages")
     with pytest.raises(SystemExit):
@@ -177,7 +182,7 @@ def _startup_error(parse, capsys, *argv: str) -> str:
          "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 48: a page is sealed "
          "whole, and no key group may straddle a seal"),
         (["--kv-cache", "oscar", "--oscar-residual", "0"],  # the old name of --oscar-page-size
-         "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 0: a page is sealed "
+         "error: --oscar-page-size must be a positive multiple of --oscar-k-group (16), got 0: a page is sealed "
          "whole, and no key group may straddle a seal"),
         (["--kv-cache", "oscar", "--oscar-v-group", "24"], "error: --oscar-v-group must be a positive power of two, got 24"),
         (["--kv-cache", "oscar", "--oscar-k-group", "4294967296"],
@@ -230,12 +235,12 @@ def test_bad_flags_print_one_line_and_exit_2(parse, capsys, argv, line):
 SERVER_COMMANDS = [
     (["--kv-cache", "oscar", "--oscar-bits", "3"], "error: --oscar-bits must be 2 or 4, got 3"),
     (["--kv-cache", "oscar", "--oscar-page-size", "100"],
-     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 100: a page is sealed "
+     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (16), got 100: a page is sealed "
      "whole, and no key group may straddle a seal"),
     (["--kv-cache", "oscar", "--oscar-k-group", "7"], "error: --oscar-k-group must be a positive power of two, got 7"),
     (["--oscar-bits", "3"], "error: --oscar-bits needs --kv-cache oscar, got --kv-cache default"),
     (["--kv-cache", "oscar", "--oscar-page-size", "0"],
-     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (32), got 0: a page is sealed "
+     "error: --oscar-page-size must be a positive multiple of --oscar-k-group (16), got 0: a page is sealed "
      "whole, and no key group may straddle a seal"),
 ]
 
@@ -336,8 +341,9 @@ def test_help_lists_the_flags():
         assert flag in out.stdout, flag
     # Every OScaR flag says its default (argparse wraps help lines, so compare without whitespace).
     flat = "".join(out.stdout.split())
-    for shown in ("Codewidthofthepacked", "(default:2)", "(default:32)", "(default:128)", "(default:layer)",
-                  "(default:integer)", "(default:none)", "(default:group",
+    for shown in ("Codewidthofthepacked", "(default:2)", "(default:16atINT2,32atINT4)", "(default:64atINT2,32atINT4)",
+                  "(default:128)", "(default:layer)", "(default:minatINT2,integeratINT4)", "(default:valuesatINT2,noneatINT4)",
+                  "(default:pageatINT2,groupatINT4",
                   "Default:rotationon", "Default:tokenscalingon", "decodeCUDAgraphsareonbydefaultonCUDA"):
         assert shown in flat, shown
 

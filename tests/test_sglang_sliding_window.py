@@ -90,6 +90,7 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     import torch
 
     from oscar_sgl import OscarConfig
+    from oscar_sgl.config import PAPER_FORMAT
     from oscar_sgl import model as models
     from oscar_sgl import reference as ref
 
@@ -99,7 +100,8 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     starts = [0, 0, 0, len(prompts[0])]  # the fourth: log-probs of its 40 new tokens only
     served = []
     with launch(folder, "--kv-cache", "oscar", "--oscar-bits", "2", "--oscar-page-size", str(PAGE),
-                "--oscar-k-group", "32", "--max-running-requests", "2", "--enable-cache-report",
+                "--oscar-key-ranges", "group", "--oscar-k-group", "32", "--oscar-v-group", "32", "--oscar-offset", "integer",
+                "--oscar-clip", "none", "--max-running-requests", "2", "--enable-cache-report",
                 max_total_tokens=8192, startup_timeout=400) as server:
         for ids, start in zip(prompts, starts):
             served.append(_generate(server, ids, start))
@@ -111,7 +113,9 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     types = model.config.layer_types
     assert oscar["sliding_window_layers"] == {str(i): window - 1 for i, t in enumerate(types) if t == "sliding_attention"}
     assert len(oscar["sliding_window_layers"]) == 15, oscar["sliding_window_layers"]
-    cfg = OscarConfig(bits=2, k_group=32, v_group=32, page_size=PAGE)
+    # The paper's format, as the server (this test checks the windows, not the format; its bounds were
+    # set in that format).
+    cfg = OscarConfig(bits=2, page_size=PAGE, **PAPER_FORMAT)
     plan = ref.key_rotation_plan(model, cfg)  # the server computed it from the weights SGLang loaded
     assert oscar["key_rotation"]["plan"] == [[int(x) for x in row] for row in plan], oscar["key_rotation"]
     report = []

@@ -51,7 +51,7 @@ PROMPTS = [
 MAX_TOKENS = 16
 # 16-token pages: both prompts end with sealed pages, and decoding reads them as INT2 codes.
 OSCAR = ("--kv-cache", "oscar", "--oscar-bits", "2", "--oscar-page-size", "16", "--oscar-k-group", "16",
-         "--oscar-v-group", "32", "--max-running-requests", "2")
+         "--oscar-v-group", "32", "--oscar-key-ranges", "group", "--max-running-requests", "2")
 # Measured 8.6e-3 (see the module docstring); the layer scope is off by up to 1.77.
 LOGPROB_TOL = 0.05
 

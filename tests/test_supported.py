@@ -46,9 +46,10 @@ def test_quality_tool_takes_sliding_layers_refuses_linear_and_mla():
     msg = _refusal(supported.check_quality_model, None, transformers.DeepseekV3Config())
     assert "MLA" in msg
     llama = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=256)
-    assert supported.check_quality_model(OscarConfig(), llama) == (2, 2, 32)
-    msg = _refusal(supported.check_quality_model, OscarConfig(v_group=64), llama)
-    assert msg == "the value group (v_group 64) must divide the model's head_dim, got 32"
+    assert supported.check_quality_model(OscarConfig(v_group=32), llama) == (2, 2, 32)
+    msg = _refusal(supported.check_quality_model, OscarConfig(), llama)  # the INT2 default v_group, 64
+    assert msg == ("the value group (v_group 64) must divide the model's head_dim, got 32: choose a smaller v_group "
+                   "(--oscar-v-group, --v-group)")
 
 
 def test_server_flags_refusals_share_one_style():
@@ -78,7 +79,7 @@ def test_kernel_rules():
 
 def test_config_fields_and_layer_shape():
     assert _refusal(OscarConfig.from_flags, {"bits": "--oscar-bits"}, bits=3) == "--oscar-bits must be 2 or 4, got 3"
-    with pytest.raises(OscarConfigError, match=r"^page_size must be a positive multiple of k_group \(32\), got 0"):
+    with pytest.raises(OscarConfigError, match=r"^page_size must be a positive multiple of k_group \(16\), got 0"):
         OscarConfig(page_size=0)
     assert _refusal(OscarConfig().check_shape, 2, 96).startswith("the model's head_dim must be a power of two")
     assert _refusal(OscarConfig().check_shape, 0, 64) == "the model's KV heads must be positive, got 0"

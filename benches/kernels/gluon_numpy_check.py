@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from support.kernel_data import build_pool, reference_decode, rel_rms  # noqa: E402
 
-from oscar_sgl.config import OscarConfig  # noqa: E402
+from oscar_sgl.config import PAPER_FORMAT, OscarConfig  # noqa: E402
 from oscar_sgl.kernels import decode as kdecode  # noqa: E402
 from oscar_sgl.kernels import gluon_decode as G  # noqa: E402
 
@@ -287,7 +287,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
 
 def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1"):
     d = 128
-    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope)
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **PAPER_FORMAT)  # the format the Gluon design reads
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
                       device=torch.device("cpu"), seed=seed)
     q = torch.randn(len(lens), h * g, d, generator=torch.Generator().manual_seed(seed)).bfloat16()

@@ -32,6 +32,10 @@ def main() -> int:
     p.add_argument("--depths", nargs="+", default=["0.1", "0.5", "0.9"])
     p.add_argument("--trials", default="1")
     p.add_argument("--bits", default="2", choices=("2", "4"))
+    p.add_argument("--oscar-format", default="--oscar-k-group 32 --oscar-v-group 32 --oscar-key-ranges group "
+                   "--oscar-offset integer --oscar-clip none", metavar="FLAGS",
+                   help="the OScaR server's format flags, one string (default: the paper's format, the default when "
+                   "needle.md was measured; '' for the server's own defaults)")
     p.add_argument("--json", default=str(ROOT / "benches/results/needle_server.json"))
     p.add_argument("--png", default=str(ROOT / "benches/results/needle_server.png"))
     a = p.parse_args()
@@ -39,7 +43,7 @@ def main() -> int:
     total = max(int(n) for n in a.lengths) + 256
     t0 = time.monotonic()
     servers = [
-        start_cpu_server(model, "--kv-cache", "oscar", "--oscar-bits", a.bits, "--max-running-requests", "2",
+        start_cpu_server(model, "--kv-cache", "oscar", "--oscar-bits", a.bits, *a.oscar_format.split(), "--max-running-requests", "2",
                          max_total_tokens=total),
         start_cpu_server(model, "--attention-backend", "torch_native", "--max-running-requests", "2",
                          max_total_tokens=total),

@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 
 from oscar_sgl import model as models
-from oscar_sgl.config import OscarConfig
+from oscar_sgl.config import PAPER_FORMAT, OscarConfig
 from oscar_sgl.evaluate import perplexity
 from oscar_sgl import reference as ref
 from oscar_sgl.reference import key_rotation_plan, qk_channel_alignment
 
 EVAL_DATA = Path("/work/shared/eval-data")
 
-#: (row name, OscarConfig fields). INT2 unless named; k_group = v_group = 32, page 128.
+#: (row name, OscarConfig fields). INT2 unless named; the paper format (PAPER_FORMAT: k_group = v_group = 32), page 128.
 CONFIGS: dict[str, dict[str, object]] = {
     "kivi-2": dict(bits=2, rotation=False, token_scaling=False),
     "scaling-only-2": dict(bits=2, rotation=False, token_scaling=True),
@@ -82,7 +82,7 @@ def main() -> int:
     hybrid = "sliding_attention" in (getattr(lm.config, "layer_types", None) or [])
     if not hybrid:
         names = [c for c in names if "sliding" not in c]
-    cfgs = [OscarConfig(**{**tau, **CONFIGS[c]}) for c in names]
+    cfgs = [OscarConfig(**{**PAPER_FORMAT, **tau, **CONFIGS[c]}) for c in names]
     plan = key_rotation_plan(lm, OscarConfig(**tau))
     rho = qk_channel_alignment(lm)
     text = (EVAL_DATA / args.text).read_text(encoding="utf-8")

@@ -5,6 +5,9 @@
 # `oscar-sgl eval ppl --windows`. Emma gets the ablation methods (rotation-only, scaling-only) at
 # INT2; the other two texts oscar and kivi at both widths, sized to a 2-core box shared with other
 # jobs (the wall times are in quality.md). The four commands are independent.
+# Every method in the paper's format (oscar_sgl.config.PAPER_FORMAT: G_K = G_V = 32, fp16 pairs, integer
+# zero points, no clip search), the default format when these tables were measured; the INT2 default
+# since then (INT2_FORMAT, page-grid key ranges) is measured in quality.md's "Page-grid key ranges".
 # Usage: bash benches/quality/run.sh [EVAL_DATA_DIR]   (default ../shared/eval-data)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +18,8 @@ ppl() {  # ppl TEXT OUTNAME ARGS...
   local t=$1 out=$2
   shift 2
   "$VENV/bin/python" -m oscar_sgl eval ppl --text "$DATA/$t.txt" --windows 4 --prefix-tokens 1024 \
-      --score-tokens 512 --json "benches/results/$out.json" --no-progress --threads 2 "$@" \
+      --score-tokens 512 --k-group 32 --v-group 32 --key-ranges group --offset integer --clip none \
+      --json "benches/results/$out.json" --no-progress --threads 2 "$@" \
       | tee "benches/results/$out.txt"
 }
 ppl austen_emma quality_austen_emma_int2 --bits 2 --methods oscar kivi rotation-only scaling-only

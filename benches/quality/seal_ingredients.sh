@@ -7,6 +7,7 @@
 # SEAL_SET=keys: oscar with offset integer / min and clip keys / both (the key clip search), in
 # benches/results/quality_seal_keys_<text>.{txt,json}.
 # benches/quality/seal_report.py pools them (paired over all 12 windows against today's oscar).
+# The paper's key-range format (G_K = G_V = 32, fp16 pairs), the default when these were measured.
 # Usage: [SEAL_SET=keys] bash benches/quality/seal_ingredients.sh [EVAL_DATA_DIR] [TEXT...]
 #   (default ../shared/eval-data; texts austen_emma austen_persuasion devils_dictionary)
 set -euo pipefail
@@ -25,6 +26,7 @@ mkdir -p benches/results
 for text in "${texts[@]}"; do
   OMP_NUM_THREADS=1 "$VENV/bin/python" -m oscar_sgl eval ppl --text "$DATA/$text.txt" --windows 4 \
       --prefix-tokens 1024 --score-tokens 512 --bits 2 --methods "${methods[@]}" --offset integer min \
+      --k-group 32 --v-group 32 --key-ranges group \
       --clip "${clips[@]}" --json "benches/results/$tag$text.json" --no-progress --threads 1 \
       | tee "benches/results/$tag$text.txt"
 done

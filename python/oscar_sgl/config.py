@@ -7,13 +7,14 @@ command-line flag), never later inside a kernel. What else is supported where: `
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal, Mapping
 
 from .errors import OscarConfigError
 from .supported import CLIP_CHOICES, INT_FIELD_LIMIT, KEY_RANGES_CHOICES, OFFSET_CHOICES, check_fields, check_layer_shape
 
-__all__ = ["CLIP_CHOICES", "INT_FIELD_LIMIT", "KEY_RANGES_CHOICES", "LAYOUT_VERSION", "METHODS", "OFFSET_CHOICES", "Clip",
+__all__ = ["CLIP_CHOICES", "FORMAT_FIELDS", "INT2_FORMAT", "INT_FIELD_LIMIT", "KEY_RANGES_CHOICES", "LAYOUT_VERSION", "METHODS",
+           "OFFSET_CHOICES", "PAPER_FORMAT", "Clip",
            "KeyRanges", "KeyRotation", "NormScope",
            "Offset", "OscarConfig", "SlidingLayers", "OscarConfigError"]
 
@@ -35,10 +36,28 @@ METHODS: dict[str, tuple[bool, bool]] = {
 
 LAYOUT_VERSION = 1
 
+#: The fields whose default depends on the code width and the method (`OscarConfig.format_defaults`).
+FORMAT_FIELDS = ("k_group", "v_group", "offset", "clip", "key_ranges")
+
+#: The paper's format (and KIVI's): an fp16 scale/offset pair per 32 tokens of a key channel and per
+#: 32 channels of a value token, integer zero points, no clip search. The default at INT4 and of `kivi`.
+PAPER_FORMAT: dict[str, object] = {"k_group": 32, "v_group": 32, "offset": "integer", "clip": "none", "key_ranges": "group"}
+
+#: The INT2 default of every method but `kivi`: page-grid key ranges with key groups of 16 tokens,
+#: value groups of 64 channels, the group minimum as offset and the clip search on value groups
+#: (docs/OSCAR.md §2.3): the lowest ΔPPL per bit measured at INT2 (benches/results/quality.md).
+INT2_FORMAT: dict[str, object] = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
+
 
 @dataclass(frozen=True)
 class OscarConfig:
     """How keys and values are quantized.
+
+    The format fields (`FORMAT_FIELDS`: k_group, v_group, offset, clip, key_ranges) left unset (None)
+    take their default by code width and method when the config is built (`format_defaults`): at
+    INT2 `INT2_FORMAT` (page-grid key ranges, k_group 16, v_group 64, offset "min", clip "values"),
+    at INT4 and for `kivi` at every width `PAPER_FORMAT` (k_group 32, v_group 32, "integer", "none",
+    "group"). A built config always holds concrete values, and `to_dict()` round-trips.
 
     Attributes:
         bits: code width, 2 or 4.
@@ -84,8 +103,8 @@ class OscarConfig:
     """
 
     bits: int = 2
-    k_group: int = 32
-    v_group: int = 32
+    k_group: int = None  # type: ignore[assignment]  # None: the format default (`format_defaults`)
+    v_group: int = None  # type: ignore[assignment]
     page_size: int = 128
     rotation: bool = True
     token_scaling: bool = True
@@ -93,19 +112,41 @@ class OscarConfig:
     key_rotation: KeyRotation = "weights"
     key_rotation_min_alignment: float = 1.0
     sliding_layers: SlidingLayers = "quantized"
-    offset: Offset = "integer"
-    clip: Clip = "none"
-    key_ranges: KeyRanges = "group"
+    offset: Offset = None  # type: ignore[assignment]
+    clip: Clip = None  # type: ignore[assignment]
+    key_ranges: KeyRanges = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        for field, value in self.format_defaults(self.bits, self.rotation, self.token_scaling).items():
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, value)
         check_fields(self.to_dict())
+
+    @staticmethod
+    def format_defaults(bits: object, rotation: bool = True, token_scaling: bool = True) -> dict[str, object]:
+        """The values the `FORMAT_FIELDS` take when not given: `INT2_FORMAT` at 2 bits for every
+        method but `kivi` (no rotation, no token scaling), `PAPER_FORMAT` otherwise (INT4, where the
+        paper's format is already near lossless and decodes 12-17 % faster, and the KIVI baseline,
+        which keeps its paper's format at every width)."""
+        kivi = not rotation and not token_scaling
+        return dict(INT2_FORMAT if bits == 2 and not kivi else PAPER_FORMAT)
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, str], **values: object) -> "OscarConfig":
         """The constructor for command-line front ends: a bad value raises `OscarConfigError` whose
-        message names the flag (``flags[field]``, e.g. ``{"bits": "--oscar-bits"}``), not the field."""
-        check_fields({**cls().to_dict(), **values}, lambda name: flags.get(name, name))
-        return cls(**values)  # type: ignore[arg-type]
+        message names the flag (``flags[field]``, e.g. ``{"bits": "--oscar-bits"}``), not the field.
+        A value None is a flag not given: the field's default (for `FORMAT_FIELDS`, by bits and method)."""
+        given = {k: v for k, v in values.items() if v is not None}
+        merged = {**cls._field_defaults(), **given}
+        for field, value in cls.format_defaults(merged["bits"], bool(merged["rotation"]), bool(merged["token_scaling"])).items():
+            if merged[field] is None:
+                merged[field] = value
+        check_fields(merged, lambda name: flags.get(name, name))
+        return cls(**given)  # type: ignore[arg-type]
+
+    @classmethod
+    def _field_defaults(cls) -> dict[str, object]:
+        return {f.name: f.default for f in fields(cls)}
 
     @classmethod
     def for_method(cls, method: str, **overrides: object) -> "OscarConfig":
@@ -161,6 +202,8 @@ class OscarConfig:
         return 8 * self.bytes_per_token(num_kv_heads, head_dim) / (2 * num_kv_heads * head_dim)
 
     def replace(self, **changes: object) -> "OscarConfig":
+        """A copy with `changes`; every other field keeps its value here (a format field set by
+        default keeps that value too: ``cfg.replace(bits=4)`` of an INT2 config stays in its format)."""
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:

@@ -453,16 +453,19 @@ def plan_memory(
     budget_bytes: int,
     staging_pages: int,
     config: OscarConfig,
+    int4_config: OscarConfig | None = None,
 ) -> list[MemoryPlanRow]:
-    """Tokens that fit in ``budget_bytes`` for BF16, FP8, INT4 and INT2 (groups and token scaling
-    from ``config``; its ``bits`` is ignored: both widths are planned)."""
-    rows = _core.plan_memory(
-        layers=layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        page_size=page_size,
-        staging_pages=staging_pages,
-        budget_bytes=budget_bytes,
-        **_groups(config, kv_heads),
-    )
-    return [MemoryPlanRow(*row) for row in rows]  # type: ignore[arg-type]
+    """Tokens that fit in ``budget_bytes`` for BF16, FP8, INT4 and INT2: the INT2 row in the format
+    of ``config``, the INT4 row in that of ``int4_config`` (default: ``config``'s too; each format
+    default depends on the width, `OscarConfig.format_defaults`). The configs' ``bits`` are ignored."""
+
+    def rows_of(cfg: OscarConfig) -> list[MemoryPlanRow]:
+        rows = _core.plan_memory(layers=layers, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                                 staging_pages=staging_pages, budget_bytes=budget_bytes, **_groups(cfg, kv_heads))
+        return [MemoryPlanRow(*row) for row in rows]  # type: ignore[arg-type]
+
+    rows = rows_of(config)
+    if int4_config is not None and int4_config != config:
+        int4 = next(r for r in rows_of(int4_config) if r.dtype == "int4")
+        rows = [int4 if r.dtype == "int4" else r for r in rows]
+    return rows

@@ -118,9 +118,9 @@ def check_fields(values: Mapping[str, object], name: Callable[[str], str] = str)
             raise OscarConfigError(f"{name(field)} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     if values.get("key_ranges", "group") == "page" and values.get("clip", "none") in ("keys", "both"):
         raise OscarConfigError(
-            f"{name('clip')} {values['clip']!r} clips key groups, which {name('key_ranges')} 'page' does not store as "
-            f"free ranges (a key group's range is a pair of indices into its page's grid): use {name('clip')} "
-            "'values' or 'none' with it"
+            f"{name('clip')} {values['clip']!r} clips key groups, which {name('key_ranges')} 'page' (the INT2 default) "
+            f"does not store as free ranges (a key group's range is a pair of indices into its page's grid): use "
+            f"{name('clip')} 'values' or 'none' with it, or {name('key_ranges')} 'group'"
         )
 
 
@@ -131,7 +131,8 @@ def check_layer_shape(cfg: Any, num_kv_heads: int, head_dim: int) -> None:
     if cfg.rotation and not _is_pow2(head_dim):
         raise OscarConfigError(f"the model's head_dim must be a power of two for the Walsh-Hadamard rotation, got {head_dim}")
     if head_dim % cfg.v_group != 0:
-        raise OscarConfigError(f"the value group (v_group {cfg.v_group}) must divide the model's head_dim, got {head_dim}")
+        raise OscarConfigError(f"the value group (v_group {cfg.v_group}) must divide the model's head_dim, got {head_dim}: "
+                               "choose a smaller v_group (--oscar-v-group, --v-group)")
     if (head_dim * cfg.bits) % 8 != 0:
         raise OscarConfigError(f"the model's head_dim must pack into whole bytes at {cfg.bits} bits, got {head_dim}")
 

@@ -60,13 +60,13 @@ def _hook(target: str, kind: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """Add `--kv-cache` and the `--oscar-*` flags. Their defaults are `OscarConfig`'s, shown in the
-    help; on the namespace an unset flag is None (False for switches), so `config_from_namespace` can
+    """Add `--kv-cache` and the `--oscar-*` flags. Their defaults are `OscarConfig`'s (the format
+    flags' by --oscar-bits and method), shown in the help; on the namespace an unset flag is None (False for switches), so `config_from_namespace` can
     tell a flag that was given from a default and refuse any `--oscar-*` flag without `--kv-cache oscar`."""
-    from ..config import CLIP_CHOICES, KEY_RANGES_CHOICES, OFFSET_CHOICES, OscarConfig
+    from ..config import CLIP_CHOICES, INT2_FORMAT, KEY_RANGES_CHOICES, OFFSET_CHOICES, PAPER_FORMAT, OscarConfig
     from .pool import PREFILL_MODES
 
-    d = OscarConfig()
+    d, fmt2, paper = OscarConfig(), INT2_FORMAT, PAPER_FORMAT
     g = parser.add_argument_group("OScaR KV cache (oscar-sgl plug-in)")
     g.add_argument(
         "--kv-cache", choices=KV_CACHE_CHOICES, default="default",
@@ -78,9 +78,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    help=f"Code width of the packed K/V, 2 or 4 bits (default: {d.bits}).")
     g.add_argument("--oscar-k-group", type=int, metavar="G_K",
                    help="Tokens per key quantization group (per head and channel), a power of two dividing "
-                   f"--oscar-page-size (default: {d.k_group}).")
+                   f"--oscar-page-size (default: {fmt2['k_group']} at INT2, {paper['k_group']} at INT4).")
     g.add_argument("--oscar-v-group", type=int, metavar="G_V",
-                   help=f"Channels per value quantization group, a power of two dividing head_dim (default: {d.v_group}).")
+                   help="Channels per value quantization group, a power of two dividing head_dim "
+                   f"(default: {fmt2['v_group']} at INT2, {paper['v_group']} at INT4).")
     g.add_argument("--oscar-page-size", "--oscar-residual", dest="oscar_page_size", type=int, metavar="R",
                    help="Tokens per OScaR page = the BF16 residual window R, a positive multiple of --oscar-k-group "
                    f"(default: {d.page_size}). SGLang's --page-size follows it.")
@@ -89,15 +90,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    f"(default: {d.norm_scope}). Under tensor parallelism 'layer' means the heads of this rank.")
     g.add_argument("--oscar-offset", choices=OFFSET_CHOICES,
                    help="Seal-time offset of a quantization group: 'integer' (an integer zero point, the paper) or "
-                   f"'min' (the group minimum) (default: {d.offset}). Seal time only: decode and the page layout "
+                   f"'min' (the group minimum) (default: {fmt2['offset']} at INT2, {paper['offset']} at INT4). Seal time only: decode and the page layout "
                    "are unchanged (docs/OSCAR.md §2.3).")
     g.add_argument("--oscar-clip", choices=CLIP_CHOICES,
                    help="Seal-time MSE clip search (each group's range shrunk to 1 .. 3/4 of its width, the least "
-                   f"squared error kept) for the key groups, the value groups, both or none (default: {d.clip}).")
+                   f"squared error kept) for the key groups, the value groups, both or none (default: {fmt2['clip']} at INT2, "
+                   f"{paper['clip']} at INT4).")
     g.add_argument("--oscar-key-ranges", choices=KEY_RANGES_CHOICES,
                    help="How a key group's range is stored: 'group' (an fp16 scale/offset pair per group, the paper) "
                    "or 'page' (two uint8 indices into a per-page fp16 grid: half the bits per group, so "
-                   f"--oscar-k-group 16 costs what 32 costs as 'group') (default: {d.key_ranges}; docs/OSCAR.md §2.3).")
+                   f"--oscar-k-group 16 costs what 32 costs as 'group') (default: {fmt2['key_ranges']} at INT2, "
+                   f"{paper['key_ranges']} at INT4; docs/OSCAR.md §2.3).")
     g.add_argument("--oscar-key-rotation", choices=("weights", "all"),
                    help="Which KV heads' keys are rotated: 'weights' chooses per (layer, KV head) from the loaded "
                    "weights (keys stay unrotated where the channels that carry their energy are not the ones the "
@@ -117,7 +120,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                    "default on CUDA (prefill graphs stay off); SGLang's --disable-decode-cuda-graph turns them off.")
     g.add_argument("--oscar-no-rotation", action="store_true",
                    help="Ablation: skip the Walsh-Hadamard rotation of q/k/v ('scaling-only' in `oscar-sgl eval "
-                   "ppl`; 'kivi' with --oscar-no-token-scaling). Lower quality. Default: rotation on.")
+                   "ppl`; 'kivi' with --oscar-no-token-scaling, which also takes KIVI's format, that of INT4, as "
+                   "the format flags' defaults). Lower quality. Default: rotation on.")
     g.add_argument("--oscar-no-token-scaling", action="store_true",
                    help="Ablation: skip the omni-token scaling of the keys, storing no fp32 token scales "
                    "('rotation-only' in `oscar-sgl eval ppl`). Lower quality. Default: token scaling on.")
