@@ -245,7 +245,9 @@ def test_seal_bytes_match_reference_gpu_real_size(bits):
 @pytest.mark.parametrize("offset,clip", [("min", "none"), ("integer", "both"), ("min", "both")])
 def test_seal_bytes_match_reference_gpu_seal_options(bits, offset, clip):
     """The seal-time quantizer options, compiled, at the Llama-3.1-8B layer shape, bit for bit."""
-    cfg = OscarConfig(bits=bits, page_size=128, offset=offset, clip=clip)  # type: ignore[arg-type]
+    # in the paper's key groups: clip 'both' clips key groups, which page-grid ranges do not store
+    cfg = OscarConfig(bits=bits, page_size=128, k_group=32, v_group=32, key_ranges="group", offset=offset,
+                      clip=clip)  # type: ignore[arg-type]
     _run_and_check(cfg, h=8, d=128, p=128, kinds={1: "mixed", 2: "constant"}, seed=12, device=torch.device("cuda"))
 
 

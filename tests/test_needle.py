@@ -176,9 +176,12 @@ def test_tiny_real_run_writes_json_and_png(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rep = json.loads(out.read_text())
     labels = [m["label"] for m in rep["methods"]]
-    assert labels == ["full", "INT2 oscar", "INT2 kivi"]
+    # the INT2 default format (page-grid ranges, min, clip values), labelled by how it differs from the paper's
+    oscar = "INT2 oscar+min+clip-values+page-ranges"
+    assert labels == ["full", oscar, "INT2 kivi"]
     bits = {m["label"]: m["effective_bits"] for m in rep["methods"]}
-    assert bits == {"full": 32.0, "INT2 oscar": pytest.approx(3.083, abs=1e-3), "INT2 kivi": 3.0}
+    # at 64-token pages its parameters cost what the paper's do (3.083 b): keys 1 + 0.5, values 0.5 bit per element
+    assert bits == {"full": 32.0, oscar: pytest.approx(3.083, abs=1e-3), "INT2 kivi": 3.0}
     for lb in labels:  # every accuracy next to its effective bits, in the table too
         assert any(line.startswith(lb) and f"{bits[lb]:.3f}" in line for line in stdout.splitlines()), stdout
     acc = {r["label"]: r for r in rep["accuracy"]}

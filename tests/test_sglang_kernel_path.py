@@ -136,7 +136,9 @@ def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, window, 
     # Page-grid ranges span a whole page, so the BF16 staging of the kernel path (the reference
     # path stages the model's fp32) moves a group's grid indices more often than a group's own
     # fp16 range: the two paths agree less closely, and each is checked against its own bytes.
-    bound = 0.03 if ranges == "group" else 0.1
+    # On CUDA the reference path computes in the model's BF16 (fp32 on CPU), which adds its own
+    # rounding: measured on the H200 (session 17) up to 0.037 of the output scale with group ranges.
+    bound = (0.03 if device == "cpu" else 0.05) if ranges == "group" else 0.1
     for a, b in zip(ref_out, ker_out):
         err = (a - b).abs().max().item()
         assert err <= bound * a.abs().max().item() + 1e-3, err

@@ -90,9 +90,9 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     import torch
 
     from oscar_sgl import OscarConfig
-    from oscar_sgl.config import PAPER_FORMAT
     from oscar_sgl import model as models
     from oscar_sgl import reference as ref
+    from oscar_sgl.config import PAPER_FORMAT
 
     folder = str(models.model_folder(models.GEMMA_MODEL))
     model, tok = models.load(folder)
