@@ -300,3 +300,53 @@ def test_pool_tokens_reads_sglangs_server_info_shape():
     with pytest.raises(KeyError):
         bench.pool_tokens({"internal_states": [{}]})
     assert bench.Ids(1000 + 50).make(3, 5) == bench.Ids(1050).make(3, 5) != bench.Ids(1050).make(4, 5)
+
+
+def test_prefill_log_parser_reads_sglangs_prefill_line():
+    """`bench.prefill_lines` on the line SGLang 0.5.23's scheduler logs (metrics_reporter:
+    "Prefill batch, #new-seq: ..., #new-token: ..., #cached-token: ..."), with its timestamp."""
+    line = ("[2026-12-04 15:58:19] Prefill batch, #new-seq: 20, #new-token: 7680, #cached-token: 215040, "
+            "token usage: 0.21, #running-req: 1, #queue-req: 27, #pending-token: 0, ")
+    other = "[2026-12-04 15:58:20] Decode batch, #running-req: 21, #token: 1, token usage: 0.21, ..."
+    assert bench.prefill_lines(line + "\n" + other + "\n" + line.replace("20,", "6,")) == [
+        {"at": "2026-12-04 15:58:19", "seqs": 20, "new": 7680, "cached": 215040},
+        {"at": "2026-12-04 15:58:19", "seqs": 6, "new": 7680, "cached": 215040}]
+
+
+def test_trace_summary_counts_self_time_and_gpu_busy_time(tmp_path):
+    """`trace_summary.summarize` on a torch-profiler Chrome trace: nested host ops count their own
+    time only (a parent's minus its children's), GPU kernels by name and their union as busy time.
+    The host part from a real CPU profile; the GPU part from events of the same schema."""
+    import gzip
+
+    import trace_summary
+
+    a = torch.randn(192, 192)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("step[EXTEND]"):
+            for _ in range(3):
+                torch.softmax(a @ a, -1)
+    path = tmp_path / "t.trace.json"
+    prof.export_chrome_trace(str(path))
+    data = json.loads(path.read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    # two kernels overlapping by 5 us on a GPU stream, one more later
+    events += [{"ph": "X", "cat": "kernel", "name": "k1", "ts": 0.0, "dur": 10.0, "pid": 9, "tid": 7},
+               {"ph": "X", "cat": "kernel", "name": "k2", "ts": 5.0, "dur": 10.0, "pid": 9, "tid": 8},
+               {"ph": "X", "cat": "kernel", "name": "k1", "ts": 100.0, "dur": 4.0, "pid": 9, "tid": 7}]
+    gz = tmp_path / "t.trace.json.gz"
+    with gzip.open(gz, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = trace_summary.summarize(gz, top=50)
+    assert s["gpu"]["busy_us"] == 19.0 and s["gpu"]["kernel_us"] == 24.0 and s["gpu"]["kernels"] == 3
+    assert s["gpu"]["top"][0] == {"name": "k1", "us": 14.0, "count": 2}
+    host = {r["name"]: r for r in s["host"]["self_top"]}
+    step = next(e for e in events if e.get("name") == "step[EXTEND]" and e.get("cat") == "user_annotation")
+    mm = [e for e in events if e.get("name") == "aten::matmul" and e.get("cat") == "cpu_op"]
+    assert host["aten::matmul"]["count"] == 3 == len(mm)
+    # the annotation's self time is its span minus the ops inside it
+    inside = sum(float(e["dur"]) for e in events if e.get("cat") == "cpu_op" and e.get("tid") == step["tid"]
+                 and float(e["ts"]) >= float(step["ts"]) and float(e["ts"]) + float(e["dur"]) <= float(step["ts"]) + float(step["dur"])
+                 and e.get("name") in ("aten::matmul", "aten::softmax"))
+    assert host["step[EXTEND]"]["us"] == pytest.approx(float(step["dur"]) - inside, abs=0.5)
+    assert host["step[EXTEND]"]["us"] < float(step["dur"])
