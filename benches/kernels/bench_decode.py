@@ -584,6 +584,22 @@ EXTEND_VARIANTS = [(0, 0, None, None, None), (128, 8, 64, True, None), (64, 4, 6
                    (32, 4, 64, True, None), (128, 8, 32, False, None)]
 
 
+def _extend_inputs(bits: int, batch: int, prefix: int, new: int, **fmt):
+    """One prefill chunk's inputs: a pool with pages for the prefix and the chunk (every page below
+    the chunk's last sealed), the chunk's q/k/v, offsets, prefix lengths and output buffer."""
+    st = OscarSetup(bits, batch, prefix + new, 1, seed=3, **fmt)
+    st.p2s.fill_(-1)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    t = batch * new
+    q = torch.randn(t, HQ, D, device=DEV, generator=g).bfloat16()
+    k = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
+    v = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
+    qo = torch.arange(0, t + 1, new, dtype=torch.int32, device=DEV)
+    pre = torch.full((batch,), prefix, dtype=torch.int32, device=DEV)
+    out = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
+    return st, g, t, q, k, v, qo, pre, out
+
+
 def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     """A prefill chunk: ``new`` tokens per request over a sealed ``prefix`` (every page packed; 0: a
     fresh prompt) and causally over themselves, in both ``--oscar-prefill`` modes, side by side with
@@ -593,16 +609,7 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
     ``exact``: every new token from k/v (BF16)."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    st = OscarSetup(bits, batch, prefix + new, 1, seed=3)  # pages for the prefix and the chunk
-    st.p2s.fill_(-1)  # every page below the chunk's last is sealed
-    g = torch.Generator(device=DEV).manual_seed(4)
-    t = batch * new
-    q = torch.randn(t, HQ, D, device=DEV, generator=g).bfloat16()
-    k = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
-    v = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
-    qo = torch.arange(0, t + 1, new, dtype=torch.int32, device=DEV)
-    pre = torch.full((batch,), prefix, dtype=torch.int32, device=DEV)
-    out = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
+    st, g, t, q, k, v, qo, pre, out = _extend_inputs(bits, batch, prefix, new)
 
     def oscar(**kw):
         oscar_extend_attention(q=q, k=k, v=v, qo_indptr=qo, **st.pool(), kv_indptr=st.indptr[0],
@@ -691,16 +698,7 @@ def bench_extend_formats(bits: int, batch: int, prefix: int, new: int) -> list[d
     position mode) and the seal launch of the pages the step fills (``batch * new / P``), CUDA graphs."""
     rows = []
     for name, kg, vg, page, offset, clip in EXTEND_FORMATS:
-        st = OscarSetup(bits, batch, prefix + new, 1, seed=3, k_group=kg, v_group=vg, key_page=page)
-        st.p2s.fill_(-1)
-        g = torch.Generator(device=DEV).manual_seed(4)
-        t = batch * new
-        q = torch.randn(t, HQ, D, device=DEV, generator=g).bfloat16()
-        k = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
-        v = torch.randn(t, H, D, device=DEV, generator=g).bfloat16()
-        qo = torch.arange(0, t + 1, new, dtype=torch.int32, device=DEV)
-        pre = torch.full((batch,), prefix, dtype=torch.int32, device=DEV)
-        out = torch.empty(t, HQ, D, device=DEV, dtype=torch.bfloat16)
+        st, _, _, q, k, v, qo, pre, out = _extend_inputs(bits, batch, prefix, new, k_group=kg, v_group=vg, key_page=page)
         host = st.indptr[0].tolist()
 
         def ext():
