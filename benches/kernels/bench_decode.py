@@ -912,6 +912,21 @@ def parse_variant(text: str) -> tuple[int, int, int, int, int, int]:
     return bn, nw, ns, waves, mr, tr
 
 
+def _rows_mode(out: str, meta: dict, name: str, to_markdown, jobs: list) -> None:
+    """A rows-only mode: each job returns rows (a failure is logged, the others still run), NAME.json
+    is rewritten after every job, NAME.md written and logged at the end."""
+    rows: list[dict] = []
+    for job in jobs:
+        try:
+            rows += job()
+        except Exception:  # noqa: BLE001
+            log(traceback.format_exc())
+        json.dump({"meta": meta, "rows": rows}, open(os.path.join(out, f"{name}.json"), "w"), indent=1)
+    md = to_markdown(rows, meta)
+    open(os.path.join(out, f"{name}.md"), "w").write(md)
+    log(md)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -951,34 +966,23 @@ def main() -> None:
         log(md)
         return
     if args.extend_formats:
-        rows = []
-        for spec in args.extend_formats.split(","):
-            b, pre, new = (int(x) for x in spec.split("x"))
-            for bits in (2, 4):
-                try:
-                    rows += bench_extend_formats(bits, b, pre, new)
-                except Exception:  # noqa: BLE001
-                    log(traceback.format_exc())
-                json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "extend_formats.json"), "w"), indent=1)
-        md = extend_formats_markdown(rows, meta)
-        open(os.path.join(args.out, "extend_formats.md"), "w").write(md)
-        log(md)
+        shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.extend_formats.split(",")]
+        _rows_mode(args.out, meta, "extend_formats", extend_formats_markdown,
+                   [lambda b=b, pre=pre, new=new, bits=bits: bench_extend_formats(bits, b, pre, new)
+                    for b, pre, new in shapes for bits in (2, 4)])
         return
     if args.formats:
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-        rows = []
-        for b, ctx in shapes:
-            sdpa = bench_sdpa(b, ctx, 24e9)["us"]
-            log(f"SDPA B={b} ctx={ctx}: {sdpa:.2f} us")
-            for bits in (2, 4):
-                try:
-                    rows += [dict(r, sdpa_us=sdpa) for r in bench_formats(bits, b, ctx, 24e9)]
-                except Exception:  # noqa: BLE001
-                    log(traceback.format_exc())
-                json.dump({"meta": meta, "rows": rows}, open(os.path.join(args.out, "formats.json"), "w"), indent=1)
-        md = formats_markdown(rows, meta)
-        open(os.path.join(args.out, "formats.md"), "w").write(md)
-        log(md)
+        sdpa: dict[tuple[int, int], float] = {}
+
+        def formats_job(b: int, ctx: int, bits: int) -> list[dict]:
+            if (b, ctx) not in sdpa:
+                sdpa[b, ctx] = bench_sdpa(b, ctx, 24e9)["us"]
+                log(f"SDPA B={b} ctx={ctx}: {sdpa[b, ctx]:.2f} us")
+            return [dict(r, sdpa_us=sdpa[b, ctx]) for r in bench_formats(bits, b, ctx, 24e9)]
+
+        _rows_mode(args.out, meta, "formats", formats_markdown,
+                   [lambda b=b, ctx=ctx, bits=bits: formats_job(b, ctx, bits) for b, ctx in shapes for bits in (2, 4)])
         return
     if args.gluon:
         from oscar_sgl.kernels import gluon_decode
