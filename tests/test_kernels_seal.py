@@ -9,6 +9,7 @@ from support.kernel_data import DEVICE, gpu, needs_cuda, random_kv
 from oscar_sgl import reference as R
 from oscar_sgl.config import PAPER_FORMAT, OscarConfig
 from oscar_sgl.kernels import oscar_seal
+from oscar_sgl.kernels.seal import _SealTuning
 
 try:
     from oscar_sgl import _core
@@ -48,7 +49,7 @@ def _pool(cfg: OscarConfig, *, h: int, d: int, p: int, npages: int):
     )
 
 
-def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
+def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE, tuning=None):
     ns, npages = 4, 7
     stg_k, stg_v, stg_s = _staging(cfg, h=h, d=d, p=p, ns=ns, kinds=kinds or {}, seed=seed)
     pool = _pool(cfg, h=h, d=d, p=p, npages=npages)
@@ -67,6 +68,7 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
         v_group=cfg.v_group,
         offset=cfg.offset,
         clip=cfg.clip,
+        _tuning=tuning,
     )
     got = {k: (v.cpu() if v is not None else None) for k, v in dev.items()}
     sealed = {5: 2, 1: 0, 3: 3}
@@ -115,6 +117,22 @@ def _run_and_check(cfg, *, h, d, p, kinds=None, seed=0, device=DEVICE):
 def test_seal_bytes_match_reference(bits, d, h, p, k_group, scope):
     cfg = OscarConfig(bits=bits, k_group=k_group, v_group=32, page_size=p, norm_scope=scope)
     _run_and_check(cfg, h=h, d=d, p=p, seed=bits * 1000 + d)
+
+
+@pytest.mark.parametrize("values,num_warps", [(16, 1), (64, 2), (512, 4), (4096, 8)])
+@pytest.mark.parametrize("fmt", ["page", "paper"])
+def test_seal_tile_sizes_change_nothing(fmt, values, num_warps):
+    """The program tiling (values per program: key channels x page, value tokens x channels) and the
+    warps are a launch choice: every tiling writes the reference's bytes, in both key-range formats."""
+    cfg = OscarConfig(bits=2, page_size=64) if fmt == "page" else OscarConfig(bits=4, page_size=64, **PAPER_FORMAT)
+    assert (cfg.key_ranges == "page") == (fmt == "page")
+    _run_and_check(cfg, h=2, d=64, p=64, seed=11, tuning=_SealTuning(values=values, num_warps=num_warps))
+
+
+def test_seal_refuses_a_bad_tuning():
+    cfg = OscarConfig(bits=2, page_size=32)
+    with pytest.raises(ValueError, match="power of two"):
+        _run_and_check(cfg, h=1, d=64, p=32, tuning=_SealTuning(values=1000))
 
 
 @pytest.mark.parametrize("method", ["kivi", "rotation-only", "scaling-only"])

@@ -658,7 +658,10 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
 
 
 def bench_seal(bits: int, n_pages: int = 1024, offset: str = "integer", clip: str = "none", k_group: int = 32,
-               v_group: int = 32, key_page: bool = False) -> dict:
+               v_group: int = 32, key_page: bool = False, seal=None, **seal_kwargs) -> dict:
+    """``seal`` (default ``oscar_seal``) over ``n_pages`` random staging pages into distinct pool
+    pages, CUDA graphs; ``seal_kwargs`` go to it (``_tuning``)."""
+    seal = oscar_seal if seal is None else seal
     stg_k = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_v = torch.randn(n_pages, H, P, D, device=DEV).bfloat16()
     stg_s = torch.rand(n_pages, P, 1, device=DEV) + 0.5
@@ -675,8 +678,8 @@ def bench_seal(bits: int, n_pages: int = 1024, offset: str = "integer", clip: st
     plan = torch.stack([torch.randperm(n_pages, device=DEV) + 1, torch.arange(n_pages, device=DEV)], dim=1).to(torch.int32).contiguous()
 
     def run():
-        oscar_seal(plan=plan, staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s, **pool, bits=bits, k_group=k_group,
-                   v_group=v_group, offset=offset, clip=clip)
+        seal(plan=plan, staging_k=stg_k, staging_v=stg_v, staging_scale=stg_s, **pool, bits=bits, k_group=k_group,
+             v_group=v_group, offset=offset, clip=clip, **seal_kwargs)
 
     t = time_calls([run])
     read = stg_k.numel() * 2 * 2 + stg_s.numel() * 4
@@ -731,6 +734,68 @@ def extend_formats_markdown(rows: list[dict], meta: dict) -> str:
         out.append(f"| {r['bits']} | {r['batch']} | {r['prefix']} | {r['new']} | {r['format']} | {r['extend_us']:.1f} | "
                    f"{r['extend_us'] / base['extend_us']:.2f} | {r['seal_us']:.1f} ({r['seal_pages']}) | "
                    f"{r['seal_us'] / base['seal_us']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def parse_seal_tilings(spec: str) -> list[tuple[int, int]]:
+    """``--seal-tilings VALUESxWARPS,...`` -> [(values, num_warps)] (``seal._SealTuning``)."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        v, _, w = item.partition("x")
+        if not (v.isdigit() and w.isdigit()):
+            raise ValueError(f"--seal-tilings wants VALUESxWARPS items such as 2048x4, got {item!r}")
+        out.append((int(v), int(w)))
+    return out
+
+
+def load_seal_module(path: str):
+    """A seal module from a file (e.g. ``git show REV:triton_kernels/seal.py > FILE``), imported as
+    ``oscar_sgl.kernels._seal_prev`` so that its relative imports resolve to today's ``common.py``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("oscar_sgl.kernels._seal_prev", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_seal_tilings(bits: int, n_pages: int, tilings: list[tuple[int, int]], prev=None) -> list[dict]:
+    """The seal launch of ``n_pages`` pages per `EXTEND_FORMATS` entry: the default tiling, each of
+    ``tilings`` (``_SealTuning(values, num_warps)``) and ``prev`` (an older seal module, its default),
+    side by side in one run."""
+    from oscar_sgl.kernels.seal import _SealTuning
+
+    rows = []
+    for name, kg, vg, page, offset, clip in EXTEND_FORMATS:
+        fmt = dict(offset=offset, clip=clip, k_group=kg, v_group=vg, key_page=page)
+        cols = [("default", {})] + [(f"{v}x{w}", {"_tuning": _SealTuning(values=v, num_warps=w)}) for v, w in tilings]
+        if prev is not None:
+            cols.append(("prev", {"seal": prev.oscar_seal}))
+        for col, kw in cols:
+            try:
+                t = bench_seal(bits, n_pages=n_pages, **fmt, **kw)
+                r = {"us": t["us"], "us_per_page": t["us_per_page"], "TBps": t["TBps"]}
+            except Exception:  # noqa: BLE001
+                r = {"error": traceback.format_exc()[-1200:]}
+            rows.append({"format": name, "bits": bits, "pages": n_pages, "tiling": col, **r})
+            log(f"    seal {name:34s} INT{bits} {n_pages} pages {col:8s}: " + (f"{r['us']:9.1f} us" if "us" in r else "FAILED"))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def seal_tilings_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"Seal launch per format and program tiling (`bench_decode.py --seal-tilings`; {meta['gpu']}, triton "
+           f"{meta['triton']}, commit {meta['commit']}, {meta['date']}; previous kernel: {meta.get('seal_prev') or 'none'}): "
+           "random staging pages into distinct pool pages, CUDA graphs; H = 8, P = 128, D = 128.", "",
+           "| bits | pages | format | tiling | us | us / page | x default |", "|---|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        base = next((x for x in rows if (x["bits"], x["pages"], x["format"], x["tiling"]) == (r["bits"], r["pages"], r["format"], "default")), None)
+        if "us" not in r:
+            out.append(f"| {r['bits']} | {r['pages']} | {r['format']} | {r['tiling']} | failed | | |")
+            continue
+        ratio = f"{r['us'] / base['us']:.2f}" if base and "us" in base else ""
+        out.append(f"| {r['bits']} | {r['pages']} | {r['format']} | {r['tiling']} | {r['us']:.1f} | {r['us_per_page']:.3f} | {ratio} |")
     return "\n".join(out) + "\n"
 
 
@@ -939,6 +1004,9 @@ def main() -> None:
     ap.add_argument("--seal-only", action="store_true", help="only the seal kernel, for every seal-time quantizer option (offset x clip, docs/OSCAR.md §2.3); writes seal.json / seal.md")
     ap.add_argument("--formats", action="store_true", help="only the default decode launch over each key-range format (FORMATS: fp16 group pairs vs page-grid ranges at G_K 16) and SDPA, INT2 and INT4 at --shapes; writes formats.json / formats.md")
     ap.add_argument("--extend-formats", default="", metavar="BxPREFIXxNEW,...", help="only one prefill step (extend launch + seal of the filled pages) per key-range format and seal quantizer (EXTEND_FORMATS) at these shapes; writes extend_formats.json / .md")
+    ap.add_argument("--seal-tilings", default="", metavar="VALUESxWARPS,...", help="only the seal launch per key-range format (EXTEND_FORMATS) at --seal-pages, default tiling and these (seal._SealTuning); writes seal_tilings.json / .md")
+    ap.add_argument("--seal-pages", default="144,1024", help="with --seal-tilings: pages per launch (comma-separated)")
+    ap.add_argument("--seal-prev", default="", metavar="FILE", help="with --seal-tilings: also an older seal module's default launch (git show REV:triton_kernels/seal.py > FILE), column 'prev'")
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
@@ -964,6 +1032,14 @@ def main() -> None:
         md = seal_markdown(rows, meta)
         open(os.path.join(args.out, "seal.md"), "w").write(md)
         log(md)
+        return
+    if args.seal_tilings or args.seal_prev:
+        tilings = parse_seal_tilings(args.seal_tilings)
+        prev = load_seal_module(args.seal_prev) if args.seal_prev else None
+        meta["seal_prev"] = args.seal_prev
+        _rows_mode(args.out, meta, "seal_tilings", seal_tilings_markdown,
+                   [lambda n=n, bits=bits: bench_seal_tilings(bits, n, tilings, prev) for n in (int(x) for x in args.seal_pages.split(","))
+                    for bits in (2, 4)])
         return
     if args.extend_formats:
         shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.extend_formats.split(",")]
