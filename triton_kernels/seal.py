@@ -188,7 +188,7 @@ class _SealTuning:
     Attributes:
         values: the most fp32 values (tokens x channels) one program holds, a power of two; the
             program's tile is as large as that allows (at least one whole value group and byte of
-            codes per row).
+            codes per row; group key ranges: one whole key group of tokens).
         num_warps: Triton warps per program.
     """
 
@@ -196,10 +196,11 @@ class _SealTuning:
     num_warps: int = 4
 
 
-#: Page-grid key ranges: programs of 2048 values (keys: 16 channels of a 128-token page; values: 16
-#: tokens x 128 channels) at 4 warps compile to 99 registers on sm_90 with the value clip search, no
-#: spill (benches/results/kernels.md, "Seal of the page-grid format").
-_PAGE_TUNING = _SealTuning(values=2048, num_warps=4)
+#: The tilings measured fastest on the H200 (benches/results/kernels.md, "Seal"): page-grid key
+#: ranges in programs of 1024 values (keys: 8 channels of a 128-token page; values: 8 tokens x 128
+#: channels) at 4 warps, group key ranges (keys and values of 32 tokens x 32 channels) at 2 warps.
+_PAGE_TUNING = _SealTuning(values=1024, num_warps=4)
+_GROUP_TUNING = _SealTuning(values=1024, num_warps=2)
 
 
 def oscar_seal(
@@ -257,7 +258,7 @@ def oscar_seal(
     check_staging(staging_k, staging_v, staging_scale, num_kv_heads=h, head_dim=d, page_size=p, scale_columns=s_cols)
     if n == 0:
         return
-    tune = _tuning if _tuning is not None else (_PAGE_TUNING if k_ranges is not None else _SealTuning())
+    tune = _tuning if _tuning is not None else (_PAGE_TUNING if k_ranges is not None else _GROUP_TUNING)
     if tune.values < 16 or tune.values & (tune.values - 1) or tune.num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"seal tuning: values must be a power of two >= 16 and num_warps 1-16, got {tune}")
     if k_ranges is not None:  # keys: BLOCK_D channels over the page; values: BLOCK_TV tokens x D
