@@ -24,6 +24,7 @@ import json
 import re
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -284,6 +285,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     env, stand_in = serve.harness_env()
+    compile_log = out / f"compile-{a.name}.jsonl" if a.compile_log else None
+    if compile_log is not None:  # every Triton compile of the server's processes (oscar_sgl.compile_log)
+        compile_log.unlink(missing_ok=True)
+        env["OSCAR_SGL_COMPILE_LOG"] = str(compile_log)
+    if a.fresh_triton_cache:  # nothing compiled by an earlier server on this machine is reused
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton-{a.name}-")
     args = serve.server_args(a.model, kv_cache=a.kv_cache, bits=a.bits, cuda_graph=not a.eager,
                              mem_fraction=a.mem_fraction, dummy=not a.trained, extra=tuple(a.extra or ()))
     ids = Ids(vocab=a.vocab)
@@ -292,6 +299,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with serve.launch(args, log_path=out / f"{a.name}.log", env=env) as server:
         result["startup_s"] = server.started_s
+        ready_at = time.time()
         info = server.get("/server_info")
         result["pool_tokens"] = pool_tokens(info)
         result["oscar"] = find_key(info, "oscar")
@@ -324,6 +332,13 @@ def cmd_run(a: argparse.Namespace) -> int:
         result["final_info_oscar"] = find_key(server.get("/server_info"), "oscar")
         result["stubbed_sgl_kernel_names_in_log"] = sorted(set(re.findall(r"sgl_kernel\.(\w+) was called", server.log())))
     result["total_s"] = time.monotonic() - t0
+    if compile_log is not None:
+        from oscar_sgl.compile_log import read, summarize
+
+        result["triton_compiles"] = summarize(read(compile_log), split_at=ready_at)
+        c = result["triton_compiles"]
+        print(f"[{a.name}] Triton compiles: {c['before']['compiles']} ({c['before']['seconds']} s) before ready, "
+              f"{c['after']['compiles']} ({c['after']['seconds']} s) after", flush=True)
     (out / f"{a.name}.json").write_text(json.dumps(result, indent=1))
     return 0
 
@@ -442,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="multi-turn: run this turn's first --profile-steps forward steps under the torch profiler "
                         "(SGLang's /start_profile) and summarise the trace into the result (0: off)")
     r.add_argument("--profile-steps", type=int, default=4)
+    r.add_argument("--compile-log", action="store_true",
+                   help="log every Triton compile of the server (OSCAR_SGL_COMPILE_LOG) to OUT/compile-NAME.jsonl and "
+                        "summarise it into the result: per kernel, before the server was ready and after")
+    r.add_argument("--fresh-triton-cache", action="store_true",
+                   help="a new empty TRITON_CACHE_DIR for this server (startup times comparable between servers run "
+                        "one after another on the same machine)")
     r.add_argument("--out", required=True)
     r.add_argument("extra", nargs="*", help="more server flags, after --")
     rp = sub.add_parser("report")

@@ -422,6 +422,9 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from ..compile_log import install_from_env
+
+    install_from_env()  # OSCAR_SGL_COMPILE_LOG (a diagnostic; nothing without the variable)
     for target, kind, fn in HOOKS:
         HookRegistry.register(target, fn, HookType[kind])
     _registered = True
