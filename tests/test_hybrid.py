@@ -204,6 +204,37 @@ def test_layer_without_rotated_keys_stores_kivi_keys_and_values():
     assert ref.scales_tokens(cfg.replace(rotation=False), None) and not ref.scales_tokens(cfg.replace(token_scaling=False))
 
 
+def test_a_rank_holding_unrotated_heads_of_a_mixed_layer_stores_them_as_the_whole_layer_does():
+    """Tensor parallelism splits a layer's KV heads over ranks. A layer whose rotated heads are all on
+    other ranks is mixed, not KIVI (`reference.LayerKeys`): each head's bytes equal that head's slice
+    of the whole layer sealed at once (per-head token scales, `head` scope, which is what a rank of
+    one head computes under the `layer` scope), and the plain all-off flags (KIVI) differ."""
+    g = torch.Generator().manual_seed(6)
+    k, v = torch.randn(2, 32, 64, generator=g) * 3, torch.randn(2, 32, 64, generator=g)
+    cfg = OscarConfig(bits=2, page_size=32, norm_scope="head")
+    whole_k, whole_v = ref.seal(k, v, cfg, key_rotated=(True, False))
+    qs = torch.randn(4, 64, generator=g)  # GQA 2: query heads 2h, 2h + 1 read KV head h
+    whole = ref.decode_attention(qs, [whole_k], [whole_v], k[:, :0], v[:, :0], cfg, 0.125, key_rotated=(True, False))
+    for h, flag in enumerate((True, False)):
+        kb, vb = ref.seal(k[h:h + 1], v[h:h + 1], cfg, key_rotated=ref.LayerKeys((flag,), kivi=False))
+        assert torch.equal(kb.codes, whole_k.codes[h:h + 1]) and torch.equal(kb.params, whole_k.params[h:h + 1])
+        assert torch.equal(kb.scale[:, 0], whole_k.scale[:, h]) and torch.equal(vb.codes, whole_v.codes[h:h + 1])
+        assert vb.rotated and kb.key_rotated == (flag,)
+        # decode over that page: the rank's reference attention sees what the whole layer's does for its head
+        out = ref.decode_attention(qs[2 * h:2 * h + 2], [kb], [vb], k[h:h + 1, :0], v[h:h + 1, :0], cfg, 0.125,
+                                   key_rotated=ref.LayerKeys((flag,), kivi=False))
+        torch.testing.assert_close(out, whole[2 * h:2 * h + 2])
+    kivi_k, kivi_v = ref.seal(k[1:], v[1:], cfg, key_rotated=(False,))
+    assert kivi_k.scale is None and not kivi_v.rotated and not torch.equal(kivi_v.codes, whole_v.codes[1:])
+    assert ref.kivi_layer(cfg, (False,)) and not ref.kivi_layer(cfg, ref.LayerKeys((False,), kivi=False))
+    assert ref.mixed_key_rotation(cfg, ref.LayerKeys((False,), kivi=False)) == (False,)
+    assert ref.mixed_key_rotation(cfg, ref.LayerKeys((False,), kivi=True)) is None
+    import pickle
+
+    row = pickle.loads(pickle.dumps(ref.LayerKeys((True, False), kivi=False)))
+    assert row == (True, False) and row.kivi is False and isinstance(row, ref.LayerKeys)
+
+
 def test_rule_counts_the_varying_part_of_projection_biases():
     """A key bias costs per-channel quantization only where RoPE makes it vary inside a key group:
     on a fast pair it moves the keys' energy there (rho drops below 1 when the queries read other

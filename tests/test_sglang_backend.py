@@ -54,15 +54,20 @@ def _batch(row, slots, prefix, seq):
     )
 
 
-PLANS = {"all": None, "mixed+kivi": [(True, False), (False, False)]}  # per layer, one flag per KV head
+# per layer, one flag per KV head; "rank": layer 0 as a tensor-parallel rank holds it when the layer's
+# rotated heads are all on other ranks (mixed, every local flag off), layer 1 KIVI over every rank
+PLANS = {"all": None, "mixed+kivi": [(True, False), (False, False)],
+         "rank": [ref.LayerKeys((False, False), kivi=False), ref.LayerKeys((False, False), kivi=True)]}
 
 
 @pytest.mark.parametrize("plan,window,cfg", [("all", -1, CFG), ("mixed+kivi", -1, CFG), ("all", 20, CFG),
-                                             ("mixed+kivi", 20, CFG_PAGE)])
+                                             ("mixed+kivi", 20, CFG_PAGE), ("rank", -1, CFG)])
 @pytest.mark.parametrize("mode", ["position", "exact"])
 @pytest.mark.parametrize("prefill", [37, 32, 5])
 def test_extend_then_decode_equals_reference(prefill, mode, plan, window, cfg):
     """``plan`` "mixed+kivi": layer 0 rotates head 0's keys only, layer 1 none (stored as KIVI).
+    ``plan`` "rank": layer 0 stored as mixed with no local head rotated (values rotated, token
+    scales), layer 1 as KIVI: the layer decisions a tensor-parallel rank gets over all ranks' heads.
     ``window`` 20: sliding-window layers (a query at x sees x - 20 .. x). ``cfg`` `CFG_PAGE`:
     page-grid key ranges."""
     if (plan != "all" or window >= 0) and prefill == 32:
@@ -116,7 +121,8 @@ def test_extend_then_decode_equals_reference(prefill, mode, plan, window, cfg):
         assert (kb.ranges is None) == (pool.k_ranges is None)
         if kb.ranges is not None:
             assert torch.equal(pool.k_ranges[li][first], kb.ranges)
-        assert (kb.scale is None) == (flags is not None and not any(flags[li]))
+        assert (kb.scale is None) == (flags is not None and ref.kivi_layer(cfg, flags[li]))
+        assert (flags is None or not ref.kivi_layer(cfg, flags[li])) == pool.layer_rotates_values(li)
         if kb.scale is not None:
             assert torch.equal(pool.scales[li][first], kb.scale)
     states = pool.oscar_page_states()
@@ -151,6 +157,13 @@ def test_key_rotation_weights_needs_the_loaded_model_and_a_fitting_plan():
     summary = snapshot(pool)["key_rotation"]
     assert summary["rotated_heads"] == 1 and summary["heads"] == 4 and summary["kivi_layers"] == [1]
     assert summary["plan"] == [[1, 0], [0, 0]] and summary["rule"] == "weights"
+    # a layer decided over other tensor-parallel ranks' heads too: mixed with no local head rotated
+    pool.oscar_set_key_rotation([ref.LayerKeys((False, False), kivi=False), ref.LayerKeys((False, False), kivi=True)])
+    assert snapshot(pool)["key_rotation"]["kivi_layers"] == [1]
+    assert pool.layer_rotates_values(0) and pool.layer_scales_tokens(0) and not pool.layer_rotates_values(1)
+    assert pool.paged_layer(0).key_rotated.tolist() == [0, 0] and pool.paged_layer(1).key_rotated is None
+    with pytest.raises(ValueError, match="cannot be stored as KIVI"):
+        ref.LayerKeys((True, False), kivi=True)
 
 
 def test_the_backend_refuses_attention_it_would_not_compute():

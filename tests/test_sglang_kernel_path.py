@@ -106,11 +106,17 @@ def _run(st, k_all, v_all, q_all, steps, graph=False):
     (2, "layer", "exact", None, -1, "group"), (2, "layer", "position", [(False, True)], -1, "group"),
     (4, "layer", "exact", [(False, False)], -1, "group"), (2, "layer", "position", None, 19, "group"),
     (2, "layer", "exact", None, 40, "group"), (2, "layer", "position", None, -1, "page"),
-    (4, "layer", "exact", [(False, True)], 40, "page"), (2, "layer", "position", None, -1, "default-quantizer")])
+    (4, "layer", "exact", [(False, True)], 40, "page"), (2, "layer", "position", None, -1, "default-quantizer"),
+    (4, "layer", "position", "rank", -1, "group")])
 def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, window, ranges, device):
     """Both paths give the same outputs and nearly the same codes; also with a key-rotation plan
-    (``plan``: one KV head's keys rotated, or none: the layer stored as KIVI), on a sliding-window
-    layer (``window``: a query at x sees x - window .. x), and with page-grid key ranges."""
+    (``plan``: one KV head's keys rotated, or none: the layer stored as KIVI; "rank": no local head
+    rotated in a layer that other tensor-parallel ranks rotate, `reference.LayerKeys`), on a
+    sliding-window layer (``window``: a query at x sees x - window .. x), and with page-grid key ranges."""
+    from oscar_sgl import reference as R
+
+    if plan == "rank":
+        plan = [R.LayerKeys((False, False), kivi=False)]
     torch.manual_seed(bits)
     # The model's dtype: fp32 on CPU (the interpreter), bf16 on CUDA (what the kernels take there).
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -142,7 +148,7 @@ def test_kernel_path_matches_reference_path(bits, scope, prefill, plan, window, 
     for a, b in zip(ref_out, ker_out):
         err = (a - b).abs().max().item()
         assert err <= bound * a.abs().max().item() + 1e-3, err
-    if ranges == "page" and window < 0:
+    if (ranges == "page" or isinstance(plan[0] if plan else None, R.LayerKeys)) and window < 0:
         for st, out, slots in ((ref_st, ref_out, ref_slots), (ker_st, ker_out, ker_slots)):
             _check_first_page_attention(st, out[0], slots[1], k_all, v_all, q_all, cfg, plan, prefill)
     # Same page bookkeeping on both paths, and the sealed pages decode to nearly the same codes.

@@ -119,23 +119,37 @@ def test_tp3_equals_tp1_head_scope(model_path):
 def test_tp3_each_rank_computes_the_key_rotation_plan_of_its_heads(model_path):
     """Under TP every rank computes the key-rotation rule from its own shard of the weights: its
     plan is its heads' column of the global plan (`reference.key_rotation_plan` of the whole
-    model), reported per rank on /metrics and for rank 0 in /server_info. As with the `layer` norm
-    scope, a layer is stored as KIVI on a rank when none of that rank's heads is rotated (docs/OSCAR.md
-    §7). At threshold 1.1 SmolLM2 rotates 40 of its 90 (layer, head) keys."""
+    model), reported per rank on /metrics and for rank 0 in /server_info. Whether a layer is stored
+    as KIVI is decided over every rank's heads (one all-reduce when the backend is built), as
+    `OscarCache` decides it: a layer whose rotated heads are all on other ranks is mixed on this
+    one (values rotated, token scales), not KIVI (docs/OSCAR.md §7). So, with one KV head per rank,
+    the TP = 3 server computes what a TP = 1 server with the `head` norm scope computes, plan and
+    all. At threshold 1.1 SmolLM2 rotates 40 of its 90 (layer, head) keys."""
     from oscar_sgl import OscarConfig
     from oscar_sgl import model as models
     from oscar_sgl import reference as ref
 
-    tau = 1.1
-    outs, info, metrics, log = _run(model_path, "--tp-size", "3", "--enable-metrics",
-                                    "--oscar-key-rotation-min-alignment", str(tau), startup_timeout=480)
+    tau = ("--oscar-key-rotation-min-alignment", "1.1")
+    outs, info, metrics, log = _run(model_path, "--tp-size", "3", "--enable-metrics", *tau, startup_timeout=480)
     model, _ = models.load(model_path)
-    plan = ref.key_rotation_plan(model, OscarConfig(k_group=16, key_rotation_min_alignment=tau))
+    plan = ref.key_rotation_plan(model, OscarConfig(k_group=16, key_rotation_min_alignment=1.1))
     assert 0 < sum(map(sum, plan)) < 90
+    # layers that rotate some heads but not rank 0's: KIVI under a per-rank decision, mixed here
+    mixed_elsewhere = [i for i, row in enumerate(plan) if any(row) and not row[0]]
+    assert mixed_elsewhere, "no layer tells a per-rank KIVI decision from the global one"
     assert info["key_rotation"]["plan"] == [[int(row[0])] for row in plan], info["key_rotation"]
-    assert info["key_rotation"]["kivi_layers"] == [i for i, row in enumerate(plan) if not row[0]]
+    assert info["key_rotation"]["kivi_layers"] == [i for i, row in enumerate(plan) if not any(row)]
     for rank in range(3):
         line = f'oscar:key_rotated_heads{{tp_rank="{rank}"}} {float(sum(row[rank] for row in plan))}'
         assert line in metrics, (line, [m for m in metrics.splitlines() if m.startswith("oscar:key")])
     assert all(ids for ids, _, _ in outs) and info["seals_total"] > 0, info
     assert "oscar_sgl/" not in log, log[-3000:]
+
+    one, info1, _, _ = _run(model_path, "--oscar-norm-scope", "head", *tau)
+    assert info1["key_rotation"]["kivi_layers"] == info["key_rotation"]["kivi_layers"], info1["key_rotation"]
+    gaps = []
+    for (ids3, lp3, m3), (ids1, lp1, _) in zip(outs, one):
+        assert ids3 == ids1, (m3["prompt_tokens"], ids3, ids1)
+        gaps.append(_max_gap(lp3, lp1))
+    print("TP=3 vs TP=1 head scope, key rotation at 1.1: max |delta logprob| per prompt", gaps)
+    assert max(gaps) < LOGPROB_TOL, gaps

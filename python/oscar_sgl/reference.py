@@ -396,6 +396,38 @@ def rotate(x: torch.Tensor, cfg: OscarConfig) -> torch.Tensor:
     return hadamard(x) if cfg.rotation else x.to(torch.float32)
 
 
+class LayerKeys(tuple):
+    """A layer's key-rotation flags (one bool per KV head held here) together with whether the layer
+    is stored as KIVI, when that was decided over more heads than these: a tensor-parallel rank
+    holds some of a layer's KV heads, and the layer is KIVI only when no head of the whole layer is
+    rotated (docs/OSCAR.md §7). A plain tuple of flags means the layer's heads are all here."""
+
+    kivi: bool
+
+    def __new__(cls, flags: tuple[bool, ...] | list[bool], kivi: bool) -> LayerKeys:
+        flags = tuple(bool(x) for x in flags)
+        if kivi and any(flags):
+            raise ValueError(f"a layer with rotated keys {flags} cannot be stored as KIVI")
+        obj = super().__new__(cls, flags)
+        obj.kivi = bool(kivi)
+        return obj
+
+    def __repr__(self) -> str:
+        return f"LayerKeys({tuple(self)!r}, kivi={self.kivi})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (LayerKeys, (tuple(self), self.kivi))
+
+
+def layer_keys(key_rotated: tuple[bool, ...] | list[bool] | None) -> tuple[bool, ...] | None:
+    """``key_rotated`` as bools, keeping a `LayerKeys` layer decision."""
+    if key_rotated is None:
+        return None
+    if isinstance(key_rotated, LayerKeys):
+        return key_rotated
+    return tuple(bool(x) for x in key_rotated)
+
+
 def _key_mask(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None, num_heads: int) -> tuple[bool, ...]:
     if not cfg.rotation:
         return (False,) * num_heads
@@ -403,7 +435,7 @@ def _key_mask(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None, num_heads:
         return (True,) * num_heads
     if len(key_rotated) != num_heads:
         raise ValueError(f"key_rotated has {len(key_rotated)} flags for {num_heads} KV heads")
-    return tuple(bool(x) for x in key_rotated)
+    return layer_keys(key_rotated)
 
 
 def rotate_keys(x: torch.Tensor, cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None,
@@ -427,15 +459,23 @@ def rotate_keys(x: torch.Tensor, cfg: OscarConfig, key_rotated: tuple[bool, ...]
     return torch.where(m, hadamard(x), x.to(torch.float32))
 
 
-def _kivi_layer(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None) -> bool:
-    return cfg.rotation and key_rotated is not None and not any(key_rotated)
+def kivi_layer(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None) -> bool:
+    """Whether a layer with these key flags is stored as KIVI (no token scale, values unrotated):
+    rotation on and no head's keys rotated (a `LayerKeys` row: its layer-wide decision)."""
+    if not cfg.rotation or key_rotated is None:
+        return False
+    if isinstance(key_rotated, LayerKeys):
+        return key_rotated.kivi
+    return not any(key_rotated)
+
 
 
 def mixed_key_rotation(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None) -> tuple[bool, ...] | None:
     """The per-head key flags a kernel must apply for a layer with these flags: None when every
     head's keys follow the layer's rotation (`rotates_values`: all rotated, or a layer stored as
-    KIVI where none is), else the flags (some heads rotated, some not)."""
-    if key_rotated is None or not cfg.rotation or all(key_rotated) or not any(key_rotated):
+    KIVI where none is), else the flags (some heads rotated, some not; under tensor parallelism
+    possibly none of this rank's, in a layer that rotates other ranks' heads)."""
+    if key_rotated is None or not cfg.rotation or all(key_rotated) or kivi_layer(cfg, key_rotated):
         return None
     return tuple(bool(x) for x in key_rotated)
 
@@ -445,13 +485,13 @@ def scales_tokens(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None)
     a layer where the key-rotation rule left every head unrotated (`key_rotation_plan`): that layer
     is stored as KIVI stores it. Such heads carry large near-constant channels, and dividing by s_t
     would turn them into per-token variation (docs/OSCAR.md §7)."""
-    return cfg.token_scaling and not _kivi_layer(cfg, key_rotated)
+    return cfg.token_scaling and not kivi_layer(cfg, key_rotated)
 
 
 def rotates_values(cfg: OscarConfig, key_rotated: tuple[bool, ...] | None = None) -> bool:
     """Whether a layer's values are rotated: `cfg.rotation`, except in a layer the key-rotation
     rule stores as KIVI (no head's keys rotated)."""
-    return cfg.rotation and not _kivi_layer(cfg, key_rotated)
+    return cfg.rotation and not kivi_layer(cfg, key_rotated)
 
 
 def seal(k: torch.Tensor, v: torch.Tensor, cfg: OscarConfig,
@@ -590,7 +630,7 @@ def extend_attention(
         if bound.shape != (t,) or (t and (int(bound.min()) < e or int(bound.max()) > n_s)):
             raise ValueError(f"sealed_until must be [{t}] boundaries within [{e}, {n_s}], got {bound.tolist()}")
     plan = key_rotated if key_rotated is not None else (k_blocks[0].key_rotated if k_blocks else None)
-    if any(_key_mask(cfg, kb.key_rotated, h) != _key_mask(cfg, plan, h) or _kivi_layer(cfg, kb.key_rotated) != _kivi_layer(cfg, plan)
+    if any(_key_mask(cfg, kb.key_rotated, h) != _key_mask(cfg, plan, h) or kivi_layer(cfg, kb.key_rotated) != kivi_layer(cfg, plan)
            for kb in k_blocks):
         raise ValueError("the sealed key blocks disagree on which heads' keys are rotated")
     key_rotated = plan

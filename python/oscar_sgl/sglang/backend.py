@@ -105,12 +105,12 @@ class OscarAttnBackendMixin:
                         pool.sliding_windows[m.layer_id] = w
         if self.cfg.rotation and self.cfg.key_rotation == "weights" and pool.key_rotation_plan is None:
             # The rule reads the weights this rank loaded (before any write or CUDA-graph capture).
-            from .plan import key_rotation_plan_from_sglang
+            from .plan import key_rotation_plan_from_sglang, kivi_layers_over_ranks
 
             plan, self.key_alignment = key_rotation_plan_from_sglang(
                 getattr(model_runner, "model", None), self.cfg, start_layer=pool.start_layer, num_layers=pool.layer_num,
                 num_kv_heads=pool.head_num, head_dim=pool.head_dim)
-            pool.oscar_set_key_rotation(plan)
+            pool.oscar_set_key_rotation(kivi_layers_over_ranks(plan))
         # --oscar-prefill: each query's sealed boundary by its position (True) or the prefix's end
         self.position = pool.oscar_settings.prefill == "position"
         self.warm_up = None

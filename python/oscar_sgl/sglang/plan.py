@@ -120,3 +120,22 @@ def key_rotation_plan_from_sglang(model: Any, cfg: OscarConfig, *, start_layer: 
         except ValueError as e:
             raise OscarConfigError(f"--oscar-key-rotation weights: {where}: {e}{_FIX}") from None
     return ref.plan_from_alignment(rho, cfg), rho
+
+
+def kivi_layers_over_ranks(plan: list[tuple[bool, ...]]) -> list[tuple[bool, ...]]:
+    """This rank's plan with each layer's KIVI decision taken over the heads of every attention
+    tensor-parallel rank (`reference.LayerKeys`): a layer is stored as KIVI only when no rank
+    rotates any of its heads' keys, as `OscarCache` decides over all heads; a layer whose rotated
+    heads are all on other ranks is mixed here, with every flag off (values rotated, token scales
+    on). One all-reduce (MAX) of a flag per layer over the attention-TP group's CPU group, when
+    the backend is built on every rank; nothing at TP = 1."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    if int(getattr(parallel, "attn_tp_size", 1) or 1) <= 1:
+        return plan
+    import torch.distributed as dist
+
+    rotated = torch.tensor([int(any(row)) for row in plan], dtype=torch.int32)
+    dist.all_reduce(rotated, op=dist.ReduceOp.MAX, group=parallel.attn_tp_group.cpu_group)
+    return [ref.LayerKeys(row, kivi=not r) for row, r in zip(plan, rotated.tolist())]

@@ -345,9 +345,12 @@ class OscarKVPoolMixin:
         """Install the key-rotation plan of this pool's layers (one flag per KV head this rank
         holds), before anything is written: a layer whose plan rotates no head is stored as KIVI
         (no token scale, values unrotated), one that rotates some heads' keys gives the kernels
-        its flags (`PagedLayer.key_rotated`). None: every head's keys follow the rotation."""
+        its flags (`PagedLayer.key_rotated`). A row may be a `reference.LayerKeys`: the layer's KIVI
+        decision made over every tensor-parallel rank's heads (a layer whose rotated heads are all
+        on other ranks is then mixed here, all flags off). None: every head's keys follow the
+        rotation."""
         if plan is not None:
-            plan = [tuple(bool(x) for x in row) for row in plan]
+            plan = [ref.layer_keys(row) for row in plan]
             if len(plan) != self.layer_num or any(len(row) != self.head_num for row in plan):
                 raise ValueError(f"the key-rotation plan must have {self.layer_num} layers of {self.head_num} flags, "
                                  f"got {[len(row) for row in plan]}")
@@ -391,7 +394,7 @@ class OscarKVPoolMixin:
                 "min_alignment": cfg.key_rotation_min_alignment,
                 "rotated_heads": int(rotated), "heads": heads,
                 "kivi_layers": [self.start_layer + li for li in range(self.layer_num)
-                                if cfg.rotation and plan is not None and not any(plan[li])],
+                                if plan is not None and ref.kivi_layer(cfg, plan[li])],
                 "plan": None if plan is None else [[int(x) for x in row] for row in plan]}
 
     def paged_layer(self, li: int) -> Any:
