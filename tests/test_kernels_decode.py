@@ -317,9 +317,11 @@ def test_decode_refuses_bad_key_rotation_flags(nan_empty):
             _decode(pool, q, layer=dataclasses.replace(pool.layer, key_rotated=bad.to(DEVICE)))
 
 
-def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(nan_empty):
+@pytest.mark.parametrize("merge_chunk", [None, "splits", 1, 4, 16])
+def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(nan_empty, merge_chunk):
     """Replays reuse the workspace: the in-kernel merge must leave every counter at zero, and it
-    must give the separate merge launch's result."""
+    must give the separate merge launch's result, at any merge chunk (the default's, fixed for
+    every split count; the split count's; chunks smaller and larger than the 6 partials)."""
     cfg = OscarConfig(bits=4, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[7 * 32 + 5, 1, 64], last_sealed={2}, seed=11)
     q = torch.randn(3, 6, 64).bfloat16().to(DEVICE)
@@ -327,7 +329,8 @@ def test_decode_fused_merge_leaves_counters_zero_and_matches_the_merge_launch(na
     ref = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=5, fused_merge=False))
     for _ in range(2):
         # the workspace sets the split count (5)
-        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), workspace=ws, tune=dict(fused_merge=True))
+        out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE), workspace=ws,
+                      tune=dict(fused_merge=True, merge_chunk=merge_chunk))
         assert int(ws[2].abs().sum()) == 0
         assert rel_rms(out, ref) < 1e-6
 

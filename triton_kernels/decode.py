@@ -389,6 +389,11 @@ class _DecodeTuning:
             depend on lengths (CUDA graphs).
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
+        merge_chunk: partials per block load of the fused merge; None: as many as ~4K fp32 of
+            the group's partial outputs hold (8 at GQA 4, head_dim 128), whatever the split count,
+            so that the batch sizes a server captures compile one fused and one separate-merge
+            variant, not one per split count (``"splits"``: the next power of two of the split
+            count, capped the same way: the rule before session 18, for comparison).
     """
 
     block_n: int
@@ -402,6 +407,7 @@ class _DecodeTuning:
     fused_merge: bool | None = None
     gluon: bool = False
     gluon_variant: str = "regs1"
+    merge_chunk: int | str | None = None
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
@@ -561,7 +567,11 @@ def oscar_decode_attention(
         merge_launch(part_o, part_lse, out, rotation=layer.rotation)
         return out
     block_g = triton.next_power_of_2(group)
-    chunk = max(1, min(64, 4096 // (block_g * d), triton.next_power_of_2(num_splits + 1)))
+    chunk = max(1, min(64, 4096 // (block_g * d)))  # not by the split count: one compile for every batch size
+    if tune.merge_chunk == "splits":
+        chunk = max(1, min(chunk, triton.next_power_of_2(num_splits + 1)))
+    elif tune.merge_chunk is not None:
+        chunk = int(tune.merge_chunk)
     fused_merge = num_splits + 1 <= 2 * chunk if tune.fused_merge is None else tune.fused_merge
     options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
     _decode_stage1_kernel[(b, h, num_splits + 1)](

@@ -442,6 +442,98 @@ def bench_formats(bits: int, batch: int, ctx: int, budget: float) -> list[dict]:
     return rows
 
 
+#: SGLang 0.5.23's decode CUDA-graph batch sizes at --max-running-requests 128 (its server log)
+CAPTURE_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128)
+
+
+def bench_merge_chunk(bits: int, batch: int, ctx: int, budget: float) -> list[dict]:
+    """The default decode launch with the fused merge's chunk fixed (the default) and by the split
+    count (``_DecodeTuning.merge_chunk="splits"``, the rule before session 18), INT2 default and
+    paper formats, CUDA graphs over distinct copies, side by side."""
+    rows = []
+    default = _dec._default_tuning(batch, H, D, P)
+    splits = _dec.pick_num_splits(batch, H, waves=default.waves)
+    for name, kg, vg, page in (("paper G_K32 G_V32", 32, 32, False), ("page G_K16 G_V64", 16, 64, True)):
+        probe = OscarSetup(bits, batch, ctx, 1, k_group=kg, v_group=vg, key_page=page)
+        per_call = probe.kv_bytes()
+        del probe
+        copies = copies_for(per_call, budget)
+        st = OscarSetup(bits, batch, ctx, copies, k_group=kg, v_group=vg, key_page=page)
+        ws = decode_workspace(batch, HQ, H, D, splits, DEV)
+        for rule in (None, "splits"):
+            tune = dataclasses.replace(default, merge_chunk=rule)
+            t = time_calls([st.call(c, tuning=tune, ws=ws) for c in range(copies)])
+            rows.append({"format": name, "bits": bits, "batch": batch, "ctx": ctx, "splits": splits,
+                         "chunk_rule": rule or "fixed", **t})
+            log(f"    merge chunk {rule or 'fixed':6s} {name:18s} INT{bits} B={batch} ctx={ctx} splits={splits}: {t['us']:8.2f} us")
+        del st
+        torch.cuda.empty_cache()
+    return rows
+
+
+def count_capture_compiles(bits: int, ctx: int = 256) -> list[dict]:
+    """Stage-1 compiles (and their seconds) when the default decode launch meets every batch size of
+    `CAPTURE_BATCHES`, per merge-chunk rule, each from an empty Triton cache (the compile log of
+    `oscar_sgl.compile_log`, in this process)."""
+    import tempfile
+
+    from triton import knobs
+
+    rows = []
+    for rule in (None, "splits"):
+        recs: list[dict] = []
+        before = knobs.compilation.listener
+
+        def listener(*, src, metadata, metadata_group, times, cache_hit, _recs=recs):
+            if getattr(src, "name", "") == "_decode_stage1_kernel":
+                _recs.append({"hit": cache_hit, "s": times.total / 1e6})
+
+        knobs.compilation.listener = listener
+        old_dir = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="merge-chunk-")
+        _dec._decode_stage1_kernel.device_caches.clear()
+        try:
+            for b in CAPTURE_BATCHES:
+                st = OscarSetup(bits, b, ctx, 1, k_group=16, v_group=64, key_page=True)
+                tune = dataclasses.replace(_dec._default_tuning(b, H, D, P), merge_chunk=rule)
+                splits = _dec.pick_num_splits(b, H, waves=tune.waves)
+                st.call(0, tuning=tune, ws=decode_workspace(b, HQ, H, D, splits, DEV))()
+                torch.cuda.synchronize()
+                del st
+        finally:
+            knobs.compilation.listener = before
+            if old_dir is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = old_dir
+        compiled = [r for r in recs if not r["hit"]]
+        rows.append({"chunk_rule": rule or "fixed", "bits": bits, "batches": len(CAPTURE_BATCHES),
+                     "compiles": len(compiled), "seconds": round(sum(r["s"] for r in compiled), 2)})
+        log(f"    capture batches, merge chunk {rule or 'fixed'}: {len(compiled)} stage-1 compiles, {rows[-1]['seconds']} s")
+    return rows
+
+
+def merge_chunk_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"Fused-merge chunk fixed vs by split count (`bench_decode.py --merge-chunk`; {meta['gpu']}, triton "
+           f"{meta['triton']}, commit {meta['commit']}, {meta['date']}): the default fused decode launch, CUDA graphs over "
+           "distinct KV copies; H = 8, Hq = 32, D = 128.", "",
+           "| B | ctx | bits | splits | format | fixed us | by splits us | fixed / by splits |", "|---|---|---|---|---|---:|---:|---:|"]
+    timed = [r for r in rows if "us" in r]
+    for r in timed:
+        if r["chunk_rule"] != "fixed":
+            continue
+        o = next(x for x in timed if x["chunk_rule"] == "splits" and
+                 (x["format"], x["batch"], x["ctx"], x["bits"]) == (r["format"], r["batch"], r["ctx"], r["bits"]))
+        out.append(f"| {r['batch']} | {r['ctx']} | {r['bits']} | {r['splits']} | {r['format']} | {r['us']:.1f} | {o['us']:.1f} | "
+                   f"{r['us'] / o['us']:.3f} |")
+    counts = [r for r in rows if "compiles" in r]
+    if counts:
+        out += ["", "Stage-1 compiles over the batch sizes of a server's decode CUDA graphs (INT2 default format, empty "
+                "Triton cache each):", "", "| merge chunk | batch sizes | compiles | seconds |", "|---|---:|---:|---:|"]
+        out += [f"| {r['chunk_rule']} | {r['batches']} | {r['compiles']} | {r['seconds']} |" for r in counts]
+    return "\n".join(out) + "\n"
+
+
 def formats_markdown(rows: list[dict], meta: dict) -> str:
     out = [f"Decode with each key-range format (`bench_decode.py --formats`; {meta['gpu']}, triton {meta['triton']}, "
            f"commit {meta['commit']}, {meta['date']}): the default fused decode launch (write, query rotation, split-KV "
@@ -1004,6 +1096,7 @@ def main() -> None:
     ap.add_argument("--seal-only", action="store_true", help="only the seal kernel, for every seal-time quantizer option (offset x clip, docs/OSCAR.md §2.3); writes seal.json / seal.md")
     ap.add_argument("--formats", action="store_true", help="only the default decode launch over each key-range format (FORMATS: fp16 group pairs vs page-grid ranges at G_K 16) and SDPA, INT2 and INT4 at --shapes; writes formats.json / formats.md")
     ap.add_argument("--extend-formats", default="", metavar="BxPREFIXxNEW,...", help="only one prefill step (extend launch + seal of the filled pages) per key-range format and seal quantizer (EXTEND_FORMATS) at these shapes; writes extend_formats.json / .md")
+    ap.add_argument("--merge-chunk", action="store_true", help="only the default decode launch with the fused merge's chunk fixed (default) vs by split count, at --shapes, INT2 and INT4, plus the stage-1 compiles over a server's CUDA-graph batch sizes per rule; writes merge_chunk.json / .md")
     ap.add_argument("--seal-tilings", default="", metavar="VALUESxWARPS,...", help="only the seal launch per key-range format (EXTEND_FORMATS) at --seal-pages, default tiling and these (seal._SealTuning); writes seal_tilings.json / .md")
     ap.add_argument("--seal-pages", default="144,1024", help="with --seal-tilings: pages per launch (comma-separated)")
     ap.add_argument("--seal-prev", default="", metavar="FILE", help="with --seal-tilings: also an older seal module's default launch (git show REV:triton_kernels/seal.py > FILE), column 'prev'")
@@ -1032,6 +1125,12 @@ def main() -> None:
         md = seal_markdown(rows, meta)
         open(os.path.join(args.out, "seal.md"), "w").write(md)
         log(md)
+        return
+    if args.merge_chunk:
+        shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        _rows_mode(args.out, meta, "merge_chunk", merge_chunk_markdown,
+                   [lambda: count_capture_compiles(2)] +
+                   [lambda b=b, ctx=ctx, bits=bits: bench_merge_chunk(bits, b, ctx, 24e9) for b, ctx in shapes for bits in (2, 4)])
         return
     if args.seal_tilings or args.seal_prev:
         tilings = parse_seal_tilings(args.seal_tilings)
