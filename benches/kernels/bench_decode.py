@@ -419,19 +419,25 @@ FORMATS = (("group G_K32 G_V32 (default)", 32, 32, False), ("page G_K16 G_V128",
            ("page G_K16 G_V64", 16, 64, True), ("group G_K16 G_V128", 16, 128, False))
 
 
+def _default_launch_setup(bits: int, batch: int, ctx: int, budget: float, default, **fmt):
+    """Distinct KV copies of one format within ``budget`` bytes and the workspace of the default
+    launch's split count: ``(setup, workspace, KV bytes per call, copies)``."""
+    probe = OscarSetup(bits, batch, ctx, 1, **fmt)
+    per_call = probe.kv_bytes()
+    del probe
+    copies = copies_for(per_call, budget)
+    st = OscarSetup(bits, batch, ctx, copies, **fmt)
+    ws = decode_workspace(batch, HQ, H, D, _dec.pick_num_splits(batch, H, waves=default.waves), DEV)
+    return st, ws, per_call, copies
+
+
 def bench_formats(bits: int, batch: int, ctx: int, budget: float) -> list[dict]:
     """The default decode launch (fused write, default tuning) over pools of each `FORMATS` entry,
     same shape, CUDA graphs over distinct copies: what page-grid key ranges cost or save."""
     rows = []
     default = _dec._default_tuning(batch, H, D, P)
-    splits = _dec.pick_num_splits(batch, H, waves=default.waves)
     for name, kg, vg, page in FORMATS:
-        probe = OscarSetup(bits, batch, ctx, 1, k_group=kg, v_group=vg, key_page=page)
-        per_call = probe.kv_bytes()
-        del probe
-        copies = copies_for(per_call, budget)
-        st = OscarSetup(bits, batch, ctx, copies, k_group=kg, v_group=vg, key_page=page)
-        ws = decode_workspace(batch, HQ, H, D, splits, DEV)
+        st, ws, per_call, copies = _default_launch_setup(bits, batch, ctx, budget, default, k_group=kg, v_group=vg, key_page=page)
         t = time_calls([st.call(c, tuning=default, ws=ws) for c in range(copies)])
         eff = st.cfg.effective_bits(H, D)
         rows.append({"format": name, "k_group": kg, "v_group": vg, "key_page": page, "bits": bits, "batch": batch, "ctx": ctx,
@@ -454,12 +460,7 @@ def bench_merge_chunk(bits: int, batch: int, ctx: int, budget: float) -> list[di
     default = _dec._default_tuning(batch, H, D, P)
     splits = _dec.pick_num_splits(batch, H, waves=default.waves)
     for name, kg, vg, page in (("paper G_K32 G_V32", 32, 32, False), ("page G_K16 G_V64", 16, 64, True)):
-        probe = OscarSetup(bits, batch, ctx, 1, k_group=kg, v_group=vg, key_page=page)
-        per_call = probe.kv_bytes()
-        del probe
-        copies = copies_for(per_call, budget)
-        st = OscarSetup(bits, batch, ctx, copies, k_group=kg, v_group=vg, key_page=page)
-        ws = decode_workspace(batch, HQ, H, D, splits, DEV)
+        st, ws, _, copies = _default_launch_setup(bits, batch, ctx, budget, default, k_group=kg, v_group=vg, key_page=page)
         for rule in (None, "splits"):
             tune = dataclasses.replace(default, merge_chunk=rule)
             t = time_calls([st.call(c, tuning=tune, ws=ws) for c in range(copies)])
@@ -514,8 +515,7 @@ def count_capture_compiles(bits: int, ctx: int = 256) -> list[dict]:
 
 
 def merge_chunk_markdown(rows: list[dict], meta: dict) -> str:
-    out = [f"Fused-merge chunk fixed vs by split count (`bench_decode.py --merge-chunk`; {meta['gpu']}, triton "
-           f"{meta['triton']}, commit {meta['commit']}, {meta['date']}): the default fused decode launch, CUDA graphs over "
+    out = [f"Fused-merge chunk fixed vs by split count ({_run_label('--merge-chunk', meta)}): the default fused decode launch, CUDA graphs over "
            "distinct KV copies; H = 8, Hq = 32, D = 128.", "",
            "| B | ctx | bits | splits | format | fixed us | by splits us | fixed / by splits |", "|---|---|---|---|---|---:|---:|---:|"]
     timed = [r for r in rows if "us" in r]
@@ -534,9 +534,13 @@ def merge_chunk_markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _run_label(flag: str, meta: dict) -> str:
+    """What a rows-only table's title says about its run: the command flag, GPU, Triton, commit, date."""
+    return f"`bench_decode.py {flag}`; {meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, {meta['date']}"
+
+
 def formats_markdown(rows: list[dict], meta: dict) -> str:
-    out = [f"Decode with each key-range format (`bench_decode.py --formats`; {meta['gpu']}, triton {meta['triton']}, "
-           f"commit {meta['commit']}, {meta['date']}): the default fused decode launch (write, query rotation, split-KV "
+    out = [f"Decode with each key-range format ({_run_label('--formats', meta)}): the default fused decode launch (write, query rotation, split-KV "
            "attention, merge), CUDA graphs over distinct KV copies; effective bits at this shape (H = 8, D = 128); "
            "SDPA BF16 timed in the same run.", "",
            "| B | ctx | bits | format | eff. bits | us | TB/s (KV bytes) | x default format | SDPA us | x SDPA |",
@@ -816,8 +820,7 @@ def bench_extend_formats(bits: int, batch: int, prefix: int, new: int) -> list[d
 
 
 def extend_formats_markdown(rows: list[dict], meta: dict) -> str:
-    out = [f"One prefill step per format (`bench_decode.py --extend-formats`; {meta['gpu']}, triton {meta['triton']}, "
-           f"commit {meta['commit']}, {meta['date']}): the default extend launch over a sealed prefix and the seal "
+    out = [f"One prefill step per format ({_run_label('--extend-formats', meta)}): the default extend launch over a sealed prefix and the seal "
            "launch of the pages the step fills, CUDA graphs; H = 8, Hq = 32, D = 128.", "",
            "| bits | B | prefix | new | format | extend us | x paper | seal us (pages) | x paper |",
            "|---|---|---|---|---|---:|---:|---:|---:|"]
@@ -877,8 +880,8 @@ def bench_seal_tilings(bits: int, n_pages: int, tilings: list[tuple[int, int]], 
 
 
 def seal_tilings_markdown(rows: list[dict], meta: dict) -> str:
-    out = [f"Seal launch per format and program tiling (`bench_decode.py --seal-tilings`; {meta['gpu']}, triton "
-           f"{meta['triton']}, commit {meta['commit']}, {meta['date']}; previous kernel: {meta.get('seal_prev') or 'none'}): "
+    out = [f"Seal launch per format and program tiling ({_run_label('--seal-tilings', meta)}; previous kernel: "
+           f"{meta.get('seal_prev') or 'none'}): "
            "random staging pages into distinct pool pages, CUDA graphs; H = 8, P = 128, D = 128.", "",
            "| bits | pages | format | tiling | us | us / page | x default |", "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
