@@ -390,10 +390,11 @@ class _DecodeTuning:
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
         merge_chunk: partials per block load of the fused merge; None: as many as ~4K fp32 of
-            the group's partial outputs hold (8 at GQA 4, head_dim 128), whatever the split count,
-            so that the batch sizes a server captures compile one fused and one separate-merge
-            variant, not one per split count (``"splits"``: the next power of two of the split
-            count, capped the same way: the rule before session 18, for comparison).
+            the group's partial outputs hold, at most 8 (8 at GQA 4 and head_dim 64 or 128),
+            whatever the split count, so that the batch sizes a server captures compile one fused
+            and one separate-merge variant, not one per split count (``"splits"``: the next power
+            of two of the split count, capped at ~4K fp32: the rule before session 18, for
+            comparison). The fused merge runs when the partials fit two ~4K-fp32 loads, as before.
     """
 
     block_n: int
@@ -567,12 +568,15 @@ def oscar_decode_attention(
         merge_launch(part_o, part_lse, out, rotation=layer.rotation)
         return out
     block_g = triton.next_power_of_2(group)
-    chunk = max(1, min(64, 4096 // (block_g * d)))  # not by the split count: one compile for every batch size
+    cap = max(1, min(64, 4096 // (block_g * d)))  # ~4K fp32 of the group's partials per block load
+    # Not by the split count: one compile for every batch size. At most 8: more raises the registers
+    # of the whole kernel at head_dim 64 (sm_90: 191 instead of 166 at 16), fewer programs per SM.
+    chunk = min(cap, 8)
     if tune.merge_chunk == "splits":
-        chunk = max(1, min(chunk, triton.next_power_of_2(num_splits + 1)))
+        chunk = max(1, min(cap, triton.next_power_of_2(num_splits + 1)))
     elif tune.merge_chunk is not None:
         chunk = int(tune.merge_chunk)
-    fused_merge = num_splits + 1 <= 2 * chunk if tune.fused_merge is None else tune.fused_merge
+    fused_merge = num_splits + 1 <= 2 * cap if tune.fused_merge is None else tune.fused_merge
     options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
     _decode_stage1_kernel[(b, h, num_splits + 1)](
         # inputs, the layer's pool and the requests' pages
