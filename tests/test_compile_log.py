@@ -73,3 +73,26 @@ def test_a_broken_log_line_is_skipped(tmp_path):
     assert compile_log.summarize(compile_log.read(p))["all"] == {
         "compiles": 1, "seconds": 1.5, "cache_hits": 0, "kernels": {"k": {"compiles": 1, "seconds": 1.5}}}
     assert compile_log.read(tmp_path / "missing.jsonl") == []
+
+
+def test_the_cli_summarises_a_server_compile_log(tmp_path, capsys):
+    """`oscar-sgl compiles FILE`: per kernel, compiles (cache misses) and their seconds, over a real
+    server's log (the H200 run of session 18, in benches/results); a missing or empty file is one
+    error line naming the variable."""
+    from pathlib import Path
+
+    from oscar_sgl.cli import main
+
+    log = Path(__file__).resolve().parents[1] / "benches/results/serving_compiles_c683189/compile-int2.jsonl"
+    assert main(["compiles", str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("28 Triton compiles, 28.84 s; 0 cache hits"), out[0]
+    assert out[2].split() == ["_decode_stage1_kernel", "4", "15.80"], out[2]
+    for bad, why in ((tmp_path / "none.jsonl", "no compile log"), (tmp_path / "empty.jsonl", "no compile record")):
+        if why == "no compile record":
+            bad.write_text("\n")
+        with pytest.raises(SystemExit) as e:
+            main(["compiles", str(bad)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert why in err and "OSCAR_SGL_COMPILE_LOG" in err and err.count("\n") == 1, err

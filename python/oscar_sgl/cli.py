@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     msub = model.add_subparsers(dest="model_command", required=True)
     mp = msub.add_parser("path", help="convert the default model to a plain HF folder once (cached) and print its path")
     mp.add_argument("--force", action="store_true", help="convert again even if cached")
+    cl = sub.add_parser("compiles", help="summarise a Triton compile log (OSCAR_SGL_COMPILE_LOG=FILE set for a server): "
+                        "compiles and seconds per kernel")
+    cl.add_argument("log", help="the JSON-lines file the server's processes appended to")
     # Listed for --help only: main() hands `serve ARGS...` to cmd_serve before parsing.
     sub.add_parser("serve", add_help=False, help="python -m sglang.launch_server ARGS..., plus what SGLang "
                    "0.5.23 needs to serve on a CPU without sgl_kernel when ARGS say --device cpu")
@@ -782,6 +785,24 @@ def cmd_model_path(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compiles(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .compile_log import ENV, read, summarize
+
+    if not Path(args.log).is_file():
+        raise CliError(f"log: no compile log at {args.log} (start the server with {ENV}={args.log} to write one)")
+    recs = read(args.log)
+    if not recs:
+        raise CliError(f"log: {args.log} holds no compile record (one JSON object per line, as {ENV} writes)")
+    s = summarize(recs)["all"]
+    print(f"{s['compiles']} Triton compiles, {s['seconds']:.2f} s; {s['cache_hits']} cache hits ({args.log})")
+    print(f"{'kernel':<40} {'compiles':>8} {'seconds':>8}")
+    for name, k in s["kernels"].items():
+        print(f"{name:<40} {k['compiles']:>8} {k['seconds']:>8.2f}")
+    return 0
+
+
 def cmd_serve(argv: Sequence[str]) -> int:
     """Every argument goes to sglang.launch_server untouched (argparse would reject its flags here)."""
     from .serve import main as serve
@@ -806,6 +827,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "model" and args.model_command == "path":
             return cmd_model_path(args)
+        if args.command == "compiles":
+            return cmd_compiles(args)
     except (CliError, OscarConfigError) as exc:
         usage_error(str(exc))
     parser.error("unknown command")
