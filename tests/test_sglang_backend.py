@@ -27,14 +27,14 @@ CFG = OscarConfig(bits=2, k_group=8, v_group=8, page_size=P)
 CFG_PAGE = CFG.replace(key_ranges="page")
 
 
-def _setup(max_tokens=256, prefill="position", plan=None, window=-1, cfg=CFG):
+def _setup(max_tokens=256, prefill="position", plan=None, window=-1, cfg=CFG, bf16_layers=()):
     """The stack over a pool whose key-rotation plan is ``plan`` (default: every head's keys
     rotated; the backend computes it from the weights only when none is installed, and these
     runners hold no model). ``window``: the layers' sliding window (SGLang's -1: none)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    pool = pool_class_for(cfg, max_running_requests=4, prefill=prefill)(
+    pool = pool_class_for(cfg, max_running_requests=4, prefill=prefill, bf16_layers=bf16_layers)(
         max_tokens, page_size=P, dtype=torch.float32, head_num=H, head_dim=D, layer_num=LAYERS,
         device="cpu", enable_memory_saver=False,
     )
@@ -134,6 +134,94 @@ def test_extend_then_decode_equals_reference(prefill, mode, plan, window, cfg):
     assert pool.oscar_page_states() == {"sealed": 0, "open": 0, "staging_in_use": 0,
                                        "staging_total": pool.num_staging}
     pool.oscar_runtime.check()
+
+
+def _window_reference(q, k, v, pos, window, sm_scale):
+    """Plain softmax attention in float64 of the query ``q`` [Hq, D] at position ``pos`` over the
+    keys / values ``k``, ``v`` [H, >= pos + 1, D] at positions pos - window .. pos (GQA)."""
+    lo = max(0, pos - window)
+    kk, vv = k[:, lo:pos + 1].double(), v[:, lo:pos + 1].double()
+    g = q.shape[0] // k.shape[0]
+    kk, vv = kk.repeat_interleave(g, 0), vv.repeat_interleave(g, 0)
+    p = torch.softmax(torch.einsum("hd,htd->ht", q.double(), kk) * sm_scale, -1)
+    return torch.einsum("ht,htd->hd", p, vv).float()
+
+
+def _bf16_layer_run(chunks):
+    """`--oscar-sliding-layers bf16`: layer 1 (a sliding layer, window 20) kept in the KV dtype, layer 0
+    quantized in the same pool; a prompt in ``chunks``, then decode steps. Checks every output
+    against its reference (float64 windowed attention on layer 1, the OScaR reference on layer 0)
+    and returns layer 1's outputs by position."""
+    from oscar_sgl.sglang import sliding
+
+    torch.manual_seed(3)
+    window, total = 20, sum(chunks) + 12
+    pool, alloc, r2t, backend, layers = _setup(window=window, bf16_layers=(1,))
+    assert pool.is_bf16_layer(1) and not pool.is_bf16_layer(0)
+    assert pool.k_codes[1].shape[0] == 1 and pool.stage_k[1].shape[0] == 1 and pool.bf16_k[0] is None
+    assert pool.bf16_k[1].shape == (pool.size + P, H, D) and pool.get_key_buffer(1) is pool.bf16_k[1]
+    with pytest.raises(NotImplementedError, match="packed"):
+        pool.get_key_buffer(0)
+    slots = torch.zeros(total, dtype=torch.int64)
+    k_all = torch.randn(LAYERS, H, total, D) * 2
+    v_all = torch.randn(LAYERS, H, total, D)
+    q_all = torch.randn(LAYERS, total, HQ, D)
+    got = torch.zeros(total, HQ, D)
+    old_block = sliding.EXTEND_BLOCK
+
+    def step(prefix, seq, decode):
+        t = lambda x: torch.tensor([x], dtype=torch.int64)  # noqa: E731
+        last = t(int(slots[prefix - 1]) if prefix else -1)
+        out = (alloc.alloc_decode(t(seq), t(seq), last) if decode
+               else alloc.alloc_extend(t(prefix), t(prefix), t(seq), t(seq), last, seq - prefix))
+        slots[prefix:seq] = out
+        r2t.req_to_token[1, prefix:seq] = out.to(torch.int32)
+        fb = _batch(1, slots, prefix, seq)
+        backend.init_forward_metadata(fb)
+        for li, layer in enumerate(layers):
+            k = k_all[li, :, prefix:seq].transpose(0, 1).contiguous()
+            v = v_all[li, :, prefix:seq].transpose(0, 1).contiguous()
+            q = q_all[li, prefix:seq].reshape(seq - prefix, HQ * D)
+            o = (backend.forward_decode if decode else backend.forward_extend)(q, k, v, layer, fb).reshape(-1, HQ, D)
+            for i, pos in enumerate(range(prefix, seq)):
+                if li == 1:
+                    want = _window_reference(q_all[1, pos], k_all[1], v_all[1], pos, window, D ** -0.5)
+                    got[pos] = o[i]
+                else:
+                    want = query_reference(q_all[0, pos], k_all[0], v_all[0], pos, prefix, "position", CFG,
+                                           D ** -0.5, window_left=window)
+                torch.testing.assert_close(o[i], want, atol=2e-5, rtol=2e-5)
+
+    try:
+        sliding.EXTEND_BLOCK = 16  # several blocks over these short prompts
+        at = 0
+        for n in chunks:
+            step(at, at + n, decode=False)
+            at += n
+        for s in range(at, total):
+            step(s, s + 1, decode=True)
+    finally:
+        sliding.EXTEND_BLOCK = old_block
+    torch.testing.assert_close(pool.bf16_k[1][slots], k_all[1].transpose(0, 1))
+    first = int(slots[0]) // P  # layer 0's first page is sealed as the reference seals it
+    kb, _ = ref.seal(k_all[0, :, :P], v_all[0, :, :P], CFG)
+    assert torch.equal(pool.k_codes[0][first], kb.codes)
+    s = snapshot(pool)
+    assert s["bf16_layers"] == [1] and s["sliding_layers"] == CFG.sliding_layers
+    assert s["kv_bytes_per_token"] == CFG.bytes_per_token(H, D) + 2 * H * D * 4  # float32 pool here
+    assert s["effective_bits"] == pytest.approx(8 * s["kv_bytes_per_token"] / (2 * H * D * LAYERS))
+    assert s["key_rotation"]["heads"] == H  # layer 1 rotates nothing
+    return got
+
+
+def test_bf16_sliding_layers_attend_exactly_over_their_window():
+    """Layer 1's rows are written at their slots and every query sees its window exactly; the packed
+    arrays of layer 1 are one page, its K/V buffers one row per slot (`_bf16_layer_run`). The same
+    prompt chunked differently gives the same bits on layer 1 (extend blocks aligned to positions,
+    not to the chunk)."""
+    one = _bf16_layer_run((37,))
+    for chunks in ((5, 32), (16, 16, 5), (3, 30, 4)):
+        assert torch.equal(_bf16_layer_run(chunks)[:37], one[:37]), chunks
 
 
 def test_key_rotation_weights_needs_the_loaded_model_and_a_fitting_plan():

@@ -34,14 +34,15 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
 
 
 def _stack(cfg: OscarConfig, use_kernels: bool, device: str, dtype: torch.dtype, direct_seals: bool = True,
-           tokens: int = 128, prefill: str = "position", plan: list | None = None, window: int = -1):
+           tokens: int = 128, prefill: str = "position", plan: list | None = None, window: int = -1,
+           bf16_layers: tuple[int, ...] = ()):
     """``plan``: the pool's key-rotation plan (default every head's keys rotated: these runners hold
     no model for the backend to compute it from)."""
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
     pool = pool_class_for(cfg, max_running_requests=2, max_prefill_tokens=64, use_kernels=use_kernels,
-                          direct_seals=direct_seals, prefill=prefill)(
+                          direct_seals=direct_seals, prefill=prefill, bf16_layers=bf16_layers)(
         tokens, page_size=P, dtype=dtype, head_num=H, head_dim=D, layer_num=LAYERS, device=device,
         enable_memory_saver=False,
     )
@@ -339,13 +340,16 @@ def test_kernel_path_selection_and_shape_checks(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_decode_cuda_graph_protocol_matches_eager_steps(device):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_decode_cuda_graph_protocol_matches_eager_steps(device, bf16):
     """--oscar-cuda-graph: decode steps through SGLang's graph protocol (host work out of the graph,
     fixed page table and seal plan, the fused decode + seal launches as the captured body) give the
     eager steps' outputs, across a page that fills and is sealed inside the body; the body itself
-    never calls the runtime."""
+    never calls the runtime. ``bf16``: the layer is a sliding layer (window 19) kept in the KV dtype
+    (`--oscar-sliding-layers bf16`): its captured body writes its rows and attends in torch."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     cfg = OscarConfig(bits=2, k_group=16, v_group=16, page_size=P)
+    kept = dict(window=19, bf16_layers=(0,)) if bf16 else {}
     total = 80
     gen = torch.Generator().manual_seed(3)
     k_all = torch.randn(LAYERS, 2, H, total, D, generator=gen) * torch.linspace(0.5, 3, total)[None, None, None, :, None]
@@ -354,7 +358,7 @@ def test_decode_cuda_graph_protocol_matches_eager_steps(device):
     k_all, v_all, q_all = (x.to(device=device, dtype=dtype) for x in (k_all, v_all, q_all))
     steps = [(False, [0, 0], [41, 7]), (False, [41, 7], [60, 19])]
     steps += [(True, [60 + i, 19 + i], [61 + i, 20 + i]) for i in range(6)]  # page 1 fills at 63, sealed
-    eager_st, graph_st = _stack(cfg, True, device, dtype), _stack(cfg, True, device, dtype)
+    eager_st, graph_st = _stack(cfg, True, device, dtype, **kept), _stack(cfg, True, device, dtype, **kept)
     calls = []
     step = graph_st.pool.oscar_step
     begin = step.begin
@@ -374,9 +378,51 @@ def test_decode_cuda_graph_protocol_matches_eager_steps(device):
     for a, b in zip(eager_out, graph_out):
         assert torch.equal(a, b)
     assert eager_st.pool.oscar_page_states() == graph_st.pool.oscar_page_states()
-    for name in ("k_codes", "k_params", "v_codes", "v_params"):
-        assert all(torch.equal(x, y) for x, y in zip(getattr(eager_st.pool, name), getattr(graph_st.pool, name)))
+    for name in ("k_codes", "k_params", "v_codes", "v_params", "bf16_k", "bf16_v"):
+        assert all(x is y is None or torch.equal(x, y)
+                   for x, y in zip(getattr(eager_st.pool, name), getattr(graph_st.pool, name)))
+    if bf16:  # every token's row at its slot; the packed arrays untouched
+        assert not any(t.any() for t in (graph_st.pool.k_codes[0], graph_st.pool.v_codes[0]))
+        for r in (1, 2):
+            n = 66 if r == 1 else 25
+            want = k_all[0, r - 1, :, :n].transpose(0, 1).to(dtype)
+            assert torch.equal(graph_st.pool.bf16_k[0][graph_slots[r][:n].to(device)], want)
     graph_st.pool.oscar_runtime.check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_window_decode_replays_in_a_cuda_graph():
+    """`sliding.window_decode` (layers kept in the KV dtype) captured in a real CUDA graph and
+    replayed with new lengths gives what it gives eagerly, also when the batch runs in chunks."""
+    from oscar_sgl.sglang import sliding
+
+    dev, bs, window = "cuda", 6, 40
+    gen = torch.Generator().manual_seed(0)
+    k_buf = torch.randn(512, H, D, generator=gen).to(dev, torch.bfloat16)
+    v_buf = torch.randn(512, H, D, generator=gen).to(dev, torch.bfloat16)
+    r2t = torch.randperm(512, generator=gen)[:8 * 64].reshape(8, 64).to(dev, torch.int32)
+    rows = torch.tensor([1, 3, 0, 5, 7, 2], device=dev)
+    q = torch.randn(bs, HQ, D, generator=gen).to(dev, torch.bfloat16)
+    seq = torch.tensor([1, 5, 41, 42, 64, 17], device=dev)
+    old = sliding.GATHER_ELEMENTS
+    try:
+        for chunk in (None, 2 * (window + 1) * H * D):  # the whole batch at once; two requests per gather
+            if chunk:
+                sliding.GATHER_ELEMENTS = chunk
+            static_seq = seq.clone()
+            out = sliding.window_decode(q, k_buf, v_buf, r2t, rows, static_seq, window, D ** -0.5)  # warm up
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = sliding.window_decode(q, k_buf, v_buf, r2t, rows, static_seq, window, D ** -0.5)
+            for new in ([2, 6, 42, 43, 64, 18], [64, 1, 1, 30, 50, 9]):
+                static_seq.copy_(torch.tensor(new, device=dev))
+                g.replay()
+                torch.cuda.synchronize()
+                want = sliding.window_decode(q, k_buf, v_buf, r2t, rows, static_seq.clone(), window, D ** -0.5)
+                assert torch.equal(out, want), new
+    finally:
+        sliding.GATHER_ELEMENTS = old
 
 
 def test_cuda_graph_state_needs_the_kernel_path():

@@ -86,7 +86,12 @@ def _reference_logprobs(model, ids, served, cfg):
 
 
 @needs_gemma
-def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
+@pytest.mark.parametrize("sliding", ["quantized", "bf16"])
+def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does(sliding):
+    """``sliding`` "bf16": `--oscar-sliding-layers bf16`, the 15 sliding layers kept in the KV dtype
+    (one row per token slot) and attended in torch over their window, the 3 full-attention layers
+    quantized; the reference is `OscarCache` with the same choice (transformers' own sliding-window
+    layers for those 15)."""
     import torch
 
     from oscar_sgl import OscarConfig
@@ -101,7 +106,8 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     served = []
     with launch(folder, "--kv-cache", "oscar", "--oscar-bits", "2", "--oscar-page-size", str(PAGE),
                 "--oscar-key-ranges", "group", "--oscar-k-group", "32", "--oscar-v-group", "32", "--oscar-offset", "integer",
-                "--oscar-clip", "none", "--max-running-requests", "2", "--enable-cache-report",
+                "--oscar-clip", "none", "--oscar-sliding-layers", sliding, "--max-running-requests", "2",
+                "--enable-cache-report",
                 max_total_tokens=8192, startup_timeout=400) as server:
         for ids, start in zip(prompts, starts):
             served.append(_generate(server, ids, start))
@@ -115,9 +121,15 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
     assert len(oscar["sliding_window_layers"]) == 15, oscar["sliding_window_layers"]
     # The paper's format, as the server (this test checks the windows, not the format; its bounds were
     # set in that format).
-    cfg = OscarConfig(bits=2, page_size=PAGE, **PAPER_FORMAT)
+    cfg = OscarConfig(bits=2, page_size=PAGE, sliding_layers=sliding, **PAPER_FORMAT)
     plan = ref.key_rotation_plan(model, cfg)  # the server computed it from the weights SGLang loaded
     assert oscar["key_rotation"]["plan"] == [[int(x) for x in row] for row in plan], oscar["key_rotation"]
+    kept = sorted(int(i) for i in oscar["sliding_window_layers"]) if sliding == "bf16" else []
+    assert oscar["sliding_layers"] == sliding and oscar["bf16_layers"] == kept, oscar
+    h, d = model.config.num_key_value_heads, model.config.head_dim
+    extra = oscar["kv_bytes_per_token"] - cfg.bytes_per_token(h, d) * (len(types) - len(kept))
+    # the kept layers at the KV dtype's width (the CPU server's model dtype), the others packed
+    assert (extra / (len(kept) * 2 * h * d) in (2, 4)) if kept else extra == pytest.approx(0), oscar
     report = []
     for ids, start, (tokens, out_lp, prompt_lp, _) in zip(prompts, starts, served):
         want_prompt, want_out, margin, best = _reference_logprobs(model, ids, tokens, cfg)
@@ -130,6 +142,8 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
         d_out = (torch.tensor(out_lp) - want_out).abs()
         report.append(dict(tokens=len(ids), early=round(float(d[:127].mean()), 4), past_window=round(float(past.mean()), 4),
                            nll=round(nll, 4), decode=round(float(d_out.mean()), 4)))
+        if sliding == "bf16":  # only the 3 full-attention layers are quantized: the paths agree closely
+            assert abs(nll) < 0.005 and float(d.max()) < 0.05 and float(d_out.max()) < 0.02, report
         assert abs(nll) < (0.05 if len(got) > 200 else 0.15), report
         assert float(past.mean()) < 0.3, report
         if start == 0:
@@ -138,4 +152,4 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does():
         # where a served token is not the reference's choice, the reference hesitated (a near tie)
         for j, (t, b, m) in enumerate(zip(tokens, best, margin)):
             assert t == b or m < 0.3, (j, t, b, m, report)
-    print("gemma-3 server vs OscarCache (|delta log-prob| in nats):", report)
+    print(f"gemma-3 server vs OscarCache, sliding layers {sliding} (|delta log-prob| in nats):", report)

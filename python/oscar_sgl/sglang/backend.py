@@ -132,7 +132,7 @@ class OscarAttnBackendMixin:
         kinds: dict[tuple[Any, ...], int] = {}
         for m in layers:
             li = m.layer_id - pool.start_layer
-            if not 0 <= li < pool.layer_num:
+            if not 0 <= li < pool.layer_num or pool.is_bf16_layer(li):
                 continue
             window = window_of(m)
             kind = (pool.layer_rotates_values(li), pool.paged_layer(li).key_rotated is not None,
@@ -204,6 +204,9 @@ class OscarAttnBackendMixin:
         li = layer.layer_id - pool.start_layer
         hq, h, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         q_ = q.reshape(-1, hq, d)
+        if pool.is_bf16_layer(li):
+            pool.oscar_write_bf16(li, fb.out_cache_loc.reshape(-1).to(torch.int64), k.reshape(-1, h, d), v.reshape(-1, h, d))
+            return self._bf16_decode(q_, li, layer, fb.req_pool_indices, self._g_seq_lens[:q_.shape[0]]).reshape(-1, hq * d)
         bs = q_.shape[0]
         splits = K.decode_num_splits(bs, h, d, pool.page_size)
         ws = self._g_workspaces.get(bs)
@@ -245,6 +248,8 @@ class OscarAttnBackendMixin:
             raise NotImplementedError("--kv-cache oscar: cross-attention is not supported")
         check_layer(layer)
         pool = self.token_to_kv_pool
+        if pool.is_bf16_layer(layer.layer_id - pool.start_layer):
+            return self._forward_bf16(q, k, v, layer, fb, pre, seq, save_kv_cache, decode)
         if pool.use_kernels:
             return self._forward_kernels(q, k, v, layer, fb, pre, seq, save_kv_cache, decode)
         li = layer.layer_id - pool.start_layer
@@ -293,6 +298,47 @@ class OscarAttnBackendMixin:
                 out[at:at + n] = ref.extend_attention(q_[at:at + n], kbs, vbs, k_fp, v_fp, self.cfg,
                                                       layer.scaling, key_rotated=plan, window_left=window).to(q.dtype)
             at += n
+        return out.reshape(-1, hq * d)
+
+    # -- layers kept in the KV dtype (`--oscar-sliding-layers bf16`, sliding.py) ---------------
+    def _bf16_decode(self, q: torch.Tensor, li: int, layer: Any, rows: torch.Tensor,
+                     seq_lens: torch.Tensor) -> torch.Tensor:
+        from .sliding import window_decode
+
+        pool = self.token_to_kv_pool
+        return window_decode(q, pool.bf16_k[li], pool.bf16_v[li], self.req_to_token_pool.req_to_token, rows,
+                             seq_lens, self._bf16_window(layer), layer.scaling)
+
+    def _bf16_window(self, layer: Any) -> int:
+        window = window_of(layer)
+        if window is None:  # the pool keeps exactly the model's sliding layers (plugin._bf16_layers)
+            raise RuntimeError(f"OScaR: layer {layer.layer_id} is kept in the KV dtype but has no sliding window")
+        return window
+
+    def _forward_bf16(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any, fb: Any,
+                      pre: list[int], seq: list[int], save_kv_cache: bool, decode: bool) -> torch.Tensor:
+        """A sliding layer kept in the KV dtype: write its rows at the step's slots, attend over
+        each request's window (`sliding.window_decode` / `window_extend`); no seal."""
+        from .sliding import window_extend
+
+        pool = self.token_to_kv_pool
+        li = layer.layer_id - pool.start_layer
+        hq, d = layer.tp_q_head_num, layer.qk_head_dim
+        self.step.begin()
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+        q_ = q.reshape(-1, hq, d)
+        if decode:
+            return self._bf16_decode(q_, li, layer, fb.req_pool_indices.to(q.device),
+                                     fb.seq_lens.to(q.device)).reshape(-1, hq * d)
+        r2t = self.req_to_token_pool.req_to_token
+        window = self._bf16_window(layer)
+        out = torch.empty_like(q_)
+        at = 0
+        for r, s0, s1 in zip(fb.req_pool_indices.tolist(), pre, seq):
+            out[at:at + s1 - s0] = window_extend(q_[at:at + s1 - s0], pool.bf16_k[li], pool.bf16_v[li], r2t[r, :s1],
+                                                 s0, s1, window, layer.scaling)
+            at += s1 - s0
         return out.reshape(-1, hq * d)
 
     def _extend_by_pages(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -39,7 +39,8 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
     (plain JSON types)."""
     cfg = pool.oscar_config
     h, d, layers = pool.head_num, pool.head_dim, pool.layer_num
-    packed = cfg.bytes_per_token(h, d) * layers
+    kept = len(getattr(pool, "bf16_layer_indices", ()))  # --oscar-sliding-layers bf16
+    packed = cfg.bytes_per_token(h, d) * (layers - kept) + kept * 2 * h * d * pool.dtype.itemsize
     bf16 = bf16_cell_size_bytes(h, d, layers)
     st = pool.oscar_runtime.stats()
     # The pages SGLang's allocator hands out (page 0 is its padding page).
@@ -51,7 +52,8 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
         "kv_bytes_per_token": packed,
         "bf16_bytes_per_token": bf16,
         "compression_ratio": bf16 / packed,
-        "effective_bits": cfg.effective_bits(h, d),
+        # bits per cached K/V value over every layer (layers kept in the KV dtype count at its width)
+        "effective_bits": 8 * packed / (2 * h * d * layers),
         "page_size": pool.page_size,
         "prefill": pool.oscar_settings.prefill,
         "tp_rank": int(pool.oscar_settings.tp_rank),
@@ -65,6 +67,9 @@ def snapshot(pool: Any, alloc: Any = None) -> dict[str, Any]:
         # Sliding-window layers (SGLang's single-pool mode, e.g. gemma-3): stored in this pool like
         # every layer, their attention masked to the window (SGLang's sliding_window_size).
         "sliding_window_layers": {str(k): int(w) for k, w in sorted(getattr(pool, "sliding_windows", {}).items())},
+        # --oscar-sliding-layers: with "bf16" the sliding layers kept in the KV dtype (sliding.py)
+        "sliding_layers": cfg.sliding_layers,
+        "bf16_layers": sorted(int(pool.start_layer) + li for li in getattr(pool, "bf16_layer_indices", ())),
         "pages": {"sealed": int(st.sealed_pages), "open": int(st.open_pages),
                   "free": max(0, usable - int(st.sealed_pages) - int(st.open_pages))},
         "tree_pages": int(st.tree_pages),

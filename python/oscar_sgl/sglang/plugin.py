@@ -43,6 +43,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "key_ranges": ("--oscar-key-ranges", "oscar_key_ranges"),
     "key_rotation": ("--oscar-key-rotation", "oscar_key_rotation"),
     "key_rotation_min_alignment": ("--oscar-key-rotation-min-alignment", "oscar_key_rotation_min_alignment"),
+    "sliding_layers": ("--oscar-sliding-layers", "oscar_sliding_layers"),
 }
 
 
@@ -109,6 +110,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--oscar-key-rotation-min-alignment", type=float, metavar="RHO",
                    help="With --oscar-key-rotation weights: rotate a KV head's keys when its query/key channel "
                    f"alignment is at least RHO (default: {d.key_rotation_min_alignment}).")
+    g.add_argument("--oscar-sliding-layers", choices=("quantized", "bf16"),
+                   help="What a hybrid model's sliding-window layers (gemma-2/3, served in SGLang's single-pool mode) "
+                   "store: 'quantized' (the OScaR format, attention masked to the window) or 'bf16' (the KV dtype, as "
+                   "SGLang's own pool: every token of those layers at full size, attention in torch) (default: "
+                   f"{d.sliding_layers}, what measures best per byte; docs/OSCAR.md §7). Full-attention layers are "
+                   "always quantized; a model without sliding layers is unaffected.")
     g.add_argument("--oscar-prefill", choices=PREFILL_MODES,
                    help="What a prefill token attends to. 'position' (default): the pages below its own page "
                    "as INT codes and its own page exactly, as in decode, so a prompt gets the same answer cold, "
@@ -263,12 +270,26 @@ def _around_compute_cell_size(original: Callable[..., Any], self: Any, kvc: Any,
     cfg = oscar_config_of(kvc.server_args)
     if cfg is None:
         return original(self, kvc, num_layers)
+    import torch
+
     from .pool import cell_size_bytes
 
     from sglang.srt.runtime_context import get_parallel
 
     heads = kvc.model_config.get_num_kv_heads(get_parallel().attn_tp_size)
-    return cell_size_bytes(cfg, heads, kvc.model_config.head_dim, num_layers)
+    return cell_size_bytes(cfg, heads, kvc.model_config.head_dim, num_layers,
+                           bf16_layers=len(_bf16_layers(cfg, kvc)),
+                           element_size=torch._utils._element_size(kvc.kv_cache_dtype))
+
+
+def _bf16_layers(cfg: Any, kvc: Any) -> tuple[int, ...]:
+    """The layer ids the pool keeps in the KV dtype: the loaded model's sliding-window layers with
+    `--oscar-sliding-layers bf16`, none otherwise (sliding.py)."""
+    if cfg.sliding_layers != "bf16":
+        return ()
+    from .sliding import sliding_windows_of
+
+    return tuple(sorted(sliding_windows_of(getattr(kvc, "model", None))))
 
 
 @_hook("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "AFTER")
@@ -287,7 +308,8 @@ def _after_pool_configurator_init(result: Any, self: Any, kvc: Any, *args: Any, 
     elem = max(2, torch._utils._element_size(kvc.kv_cache_dtype))
     reserve = staging_bytes_upper_bound(
         cfg, num_kv_heads=kvc.model_config.get_num_kv_heads(get_parallel().attn_tp_size),
-        head_dim=kvc.model_config.head_dim, num_layers=kvc.layer_info.num_effective_layers,
+        head_dim=kvc.model_config.head_dim,
+        num_layers=kvc.layer_info.num_effective_layers - len(_bf16_layers(cfg, kvc)),
         max_running_requests=getattr(kvc.server_args, "max_running_requests", None),
         max_prefill_tokens=_prefill_tokens(kvc.server_args), element_size=elem,
     )
@@ -318,7 +340,7 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
         max_prefill_tokens=_prefill_tokens(self.server_args),
         tp_rank=int(parallel.tp_rank), tp_size=int(parallel.attn_tp_size),
-        prefill=prefill_mode_of(self.server_args),
+        prefill=prefill_mode_of(self.server_args), bf16_layers=_bf16_layers(cfg, self),
     )
 
 

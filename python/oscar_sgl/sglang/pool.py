@@ -63,9 +63,13 @@ __all__ = ["PREFILL_MODES", "OscarKVPoolMixin", "PoolSettings", "pool_class_for"
 PREFILL_MODES = ("position", "exact")
 
 
-def cell_size_bytes(cfg: OscarConfig, num_kv_heads: int, head_dim: int, num_layers: int) -> int:
-    """Bytes per token over all layers, what SGLang's pool sizer divides the KV budget by."""
-    return int(math.ceil(cfg.bytes_per_token(num_kv_heads, head_dim) * num_layers))
+def cell_size_bytes(cfg: OscarConfig, num_kv_heads: int, head_dim: int, num_layers: int, *, bf16_layers: int = 0,
+                    element_size: int = 2) -> int:
+    """Bytes per token over all layers, what SGLang's pool sizer divides the KV budget by:
+    ``bf16_layers`` of the ``num_layers`` (`--oscar-sliding-layers bf16`) hold K and V at
+    ``element_size`` bytes per value, the others the packed format."""
+    packed = cfg.bytes_per_token(num_kv_heads, head_dim) * (num_layers - bf16_layers)
+    return int(math.ceil(packed + bf16_layers * 2 * num_kv_heads * head_dim * element_size))
 
 
 def kernels_wanted(device: Any) -> bool:
@@ -125,6 +129,10 @@ class PoolSettings:
         direct_seals: False stages every page (the layout before direct seals; tests).
         prefill: ``--oscar-prefill``: ``"position"`` (each query reads codes below its own page) or
             ``"exact"`` (below the page holding the step's first token), see `backend.py`.
+        bf16_layers: the layer ids (the model's, not this pipeline stage's) kept in the KV dtype,
+            one K and V row per token slot as SGLang's own pool (`--oscar-sliding-layers bf16`:
+            the model's sliding-window layers; `sliding.py`). Their packed and staging arrays are
+            one page each, never read.
     """
 
     config: OscarConfig = OscarConfig()
@@ -136,6 +144,7 @@ class PoolSettings:
     tp_size: int = 1
     direct_seals: bool = True
     prefill: str = "position"
+    bf16_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
@@ -210,9 +219,20 @@ class OscarKVPoolMixin:
     def _create_buffers(self) -> None:
         cfg, h, d, p = self.oscar_config, self.head_num, self.head_dim, self.page_size
         n, dev, nb = self.num_pages, self.device, self.head_dim * self.oscar_config.bits // 8
+        start = int(getattr(self, "start_layer", 0) or 0)
+        self.bf16_layer_indices = frozenset(g - start for g in self.oscar_settings.bf16_layers
+                                            if 0 <= g - start < self.layer_num)
 
         def z(shape: tuple[int, ...], dt: torch.dtype) -> list[torch.Tensor]:
-            return [torch.zeros(shape, dtype=dt, device=dev) for _ in range(self.layer_num)]
+            # a layer kept in the KV dtype gets one page of each packed / staging array (never read)
+            return [torch.zeros((1,) + shape[1:] if li in self.bf16_layer_indices else shape, dtype=dt, device=dev)
+                    for li in range(self.layer_num)]
+
+        # `--oscar-sliding-layers bf16`: those layers as SGLang's MHA pool stores them (slot-indexed).
+        self.bf16_k = [torch.zeros((self.size + p, h, d), dtype=self.dtype, device=dev)
+                       if li in self.bf16_layer_indices else None for li in range(self.layer_num)]
+        self.bf16_v = [torch.zeros((self.size + p, h, d), dtype=self.dtype, device=dev)
+                       if li in self.bf16_layer_indices else None for li in range(self.layer_num)]
 
         self.k_codes = z((n, h, p, nb), torch.uint8)
         self.v_codes = z((n, h, p, nb), torch.uint8)
@@ -252,7 +272,13 @@ class OscarKVPoolMixin:
         k = (nb(self.k_codes) + nb(self.k_params) + nb(self.k_ranges) + nb(self.scales) + nb(self.stage_k) + nb(self.stage_scale)
              + nb([self.scratch_k]) + nb([self.scratch_scale] if self.scratch_scale is not None else None))
         v = nb(self.v_codes) + nb(self.v_params) + nb(self.stage_v) + nb([self.scratch_v])
+        k += nb([t for t in self.bf16_k if t is not None])
+        v += nb([t for t in self.bf16_v if t is not None])
         return k, v
+
+    def is_bf16_layer(self, li: int) -> bool:
+        """Whether layer ``li`` (this pool's index) is kept in the KV dtype (`bf16_k` / `bf16_v`)."""
+        return li in self.bf16_layer_indices
 
     # -- the step (owned by `OscarStep`) ------------------------------------------------------
     @property
@@ -282,7 +308,9 @@ class OscarKVPoolMixin:
         pages of the step's seal plan (they are full now) into the packed arrays. Their staging
         pages stay mapped until the next step, so this step's attention still reads them exactly."""
         li, loc, k, v = self.oscar_prepare_write(layer, loc_info, cache_k, cache_v, layer_id_override, dcp_kv_mask)
-        if self.use_kernels:
+        if li in self.bf16_layer_indices:
+            self.oscar_write_bf16(li, loc, k, v)
+        elif self.use_kernels:
             self._write_and_seal_kernels(li, loc, k, v)
         else:
             p = self.page_size
@@ -333,6 +361,12 @@ class OscarKVPoolMixin:
                     f"(state {self.oscar_runtime.page_info(page).state}); a sealed page is never written again"
                 )
         return li, loc, k, v
+
+    def oscar_write_bf16(self, li: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A layer kept in the KV dtype: its K/V rows at their slots, as SGLang's MHA pool (slot 0,
+        the padding page's, takes padding writes; nothing to seal). Device ops only (CUDA graphs)."""
+        self.bf16_k[li][loc] = k.to(self.dtype)
+        self.bf16_v[li][loc] = v.to(self.dtype)
 
     def oscar_seal_after_fused_write(self, li: int) -> None:
         """After a decode launch that wrote the step's tokens itself (the fused write): seal the
@@ -388,12 +422,14 @@ class OscarKVPoolMixin:
         """What `/server_info` shows: the rule, its threshold, and the plan's head counts."""
         cfg = self.oscar_config
         plan = self.key_rotation_plan
-        heads = self.layer_num * self.head_num
-        rotated = heads if plan is None and cfg.rotation else (sum(map(sum, plan)) if plan is not None else 0)
+        quantized = [li for li in range(self.layer_num) if li not in self.bf16_layer_indices]
+        heads = len(quantized) * self.head_num  # layers kept in the KV dtype rotate nothing
+        rotated = heads if plan is None and cfg.rotation else (
+            sum(sum(plan[li]) for li in quantized) if plan is not None else 0)
         return {"rule": cfg.key_rotation if cfg.rotation else "off",
                 "min_alignment": cfg.key_rotation_min_alignment,
                 "rotated_heads": int(rotated), "heads": heads,
-                "kivi_layers": [self.start_layer + li for li in range(self.layer_num)
+                "kivi_layers": [self.start_layer + li for li in quantized
                                 if plan is not None and ref.kivi_layer(cfg, plan[li])],
                 "plan": None if plan is None else [[int(x) for x in row] for row in plan]}
 
@@ -529,7 +565,20 @@ class OscarKVPoolMixin:
             "the OScaR pool holds packed INT2/INT4 pages; only the 'oscar' attention backend reads it"
         )
 
-    get_key_buffer = get_value_buffer = get_kv_buffer = _no_plain
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """A layer kept in the KV dtype: its slot-indexed K; any other layer is packed (refused)."""
+        li = layer_id - self.start_layer
+        if li in self.bf16_layer_indices:
+            return self.bf16_k[li]
+        return self._no_plain()
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        li = layer_id - self.start_layer
+        if li in self.bf16_layer_indices:
+            return self.bf16_v[li]
+        return self._no_plain()
+
+    get_kv_buffer = _no_plain
     _get_key_buffer = _get_value_buffer = _no_plain
 
     def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
