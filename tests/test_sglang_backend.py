@@ -224,6 +224,42 @@ def test_bf16_sliding_layers_attend_exactly_over_their_window():
         assert torch.equal(_bf16_layer_run(chunks)[:37], one[:37]), chunks
 
 
+@pytest.mark.parametrize("gather", [None, 1])
+def test_bf16_window_attention_over_a_batch(gather):
+    """`sliding.window_extend` over a batch of three requests (a fresh prompt, a chunk after a
+    prefix, a one-token chunk) and `window_decode` over their next tokens equal the float64
+    windowed reference; ``gather`` 1: one block (one request) per launch."""
+    from oscar_sgl.sglang import sliding
+
+    torch.manual_seed(5)
+    window, slots_n = 11, 300
+    k_buf, v_buf = torch.randn(slots_n, H, D), torch.randn(slots_n, H, D)
+    r2t = torch.randperm(slots_n)[:4 * 64].reshape(4, 64).to(torch.int32)
+    rows, pre, seq = [2, 0, 3], [0, 29, 40], [37, 45, 41]
+    q = torch.randn(sum(b - a for a, b in zip(pre, seq)), HQ, D)
+    k_tok = lambda r, n: k_buf[r2t[r, :n].long()].transpose(0, 1)  # noqa: E731  [H, n, D] by position
+    v_tok = lambda r, n: v_buf[r2t[r, :n].long()].transpose(0, 1)  # noqa: E731
+    old = sliding.GATHER_ELEMENTS
+    try:
+        if gather:
+            sliding.GATHER_ELEMENTS = gather
+        out = sliding.window_extend(q, k_buf, v_buf, r2t, rows, pre, seq, window, D ** -0.5, block=16)
+        at = 0
+        for r, s0, s1 in zip(rows, pre, seq):
+            for pos in range(s0, s1):
+                want = _window_reference(q[at], k_tok(r, s1), v_tok(r, s1), pos, window, D ** -0.5)
+                torch.testing.assert_close(out[at], want, atol=2e-5, rtol=2e-5)
+                at += 1
+        qd = torch.randn(3, HQ, D)
+        lens = torch.tensor(seq) + 1
+        got = sliding.window_decode(qd, k_buf, v_buf, r2t, torch.tensor(rows), lens, window, D ** -0.5)
+        for i, (r, n) in enumerate(zip(rows, lens.tolist())):
+            want = _window_reference(qd[i], k_tok(r, n), v_tok(r, n), n - 1, window, D ** -0.5)
+            torch.testing.assert_close(got[i], want, atol=2e-5, rtol=2e-5)
+    finally:
+        sliding.GATHER_ELEMENTS = old
+
+
 def test_key_rotation_weights_needs_the_loaded_model_and_a_fitting_plan():
     """`--oscar-key-rotation weights` (the default) reads the weights the model runner loaded: a
     runner without a model is refused at backend build, naming the fix; a plan of the wrong shape,

@@ -331,15 +331,12 @@ class OscarAttnBackendMixin:
         if decode:
             return self._bf16_decode(q_, li, layer, fb.req_pool_indices.to(q.device),
                                      fb.seq_lens.to(q.device)).reshape(-1, hq * d)
-        r2t = self.req_to_token_pool.req_to_token
-        window = self._bf16_window(layer)
-        out = torch.empty_like(q_)
-        at = 0
-        for r, s0, s1 in zip(fb.req_pool_indices.tolist(), pre, seq):
-            out[at:at + s1 - s0] = window_extend(q_[at:at + s1 - s0], pool.bf16_k[li], pool.bf16_v[li], r2t[r, :s1],
-                                                 s0, s1, window, layer.scaling)
-            at += s1 - s0
-        return out.reshape(-1, hq * d)
+        cached = getattr(self, "_bf16_rows", None)  # the batch's rows, read once per forward batch
+        if cached is None or cached[0] is not fb:
+            cached = self._bf16_rows = (fb, fb.req_pool_indices.tolist())
+        rows = cached[1]
+        return window_extend(q_, pool.bf16_k[li], pool.bf16_v[li], self.req_to_token_pool.req_to_token, rows, pre,
+                             seq, self._bf16_window(layer), layer.scaling).reshape(-1, hq * d)
 
     def _extend_by_pages(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          prev: tuple[torch.Tensor, torch.Tensor] | None, r: int, s0: int, s1: int, li: int,

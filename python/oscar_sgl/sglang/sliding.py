@@ -9,10 +9,10 @@ GPU), and the `oscar` backend attends over them here, in torch:
 
 * decode (eager or inside the captured CUDA graph): each request's last window + 1 positions,
   gathered through `req_to_token`, positions below 0 masked;
-* extend: queries in blocks of `EXTEND_BLOCK` positions aligned to absolute positions, each block
-  over the keys from its first position - window to its last, masked causally and to each row's
-  window. A token's result has the same shapes (hence the same bits) however its prompt was
-  chunked, cached or batched.
+* extend: each request's queries in blocks of `EXTEND_BLOCK` positions aligned to absolute
+  positions, each block over the keys from its first position - window to its last, masked
+  causally and to each row's window; the blocks of the whole batch run together. A token's block
+  has the same shapes however its prompt was chunked, cached or batched.
 
 Both compute in fp32 (scores, softmax, the weighted sum) and write the model dtype. In this mode
 SGLang keeps every token of a sliding layer too, so the choice costs the full BF16 bytes of those
@@ -84,28 +84,66 @@ def window_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req
     return out
 
 
-def window_extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots_of_row: torch.Tensor,
-                  s0: int, s1: int, window: int, sm_scale: float, block: int = EXTEND_BLOCK) -> torch.Tensor:
-    """One request's new tokens at positions s0 .. s1 - 1 (q [s1 - s0, Hq, D]) over its positions
-    0 .. s1 - 1 in the slot-indexed buffers (their slots ``slots_of_row[:s1]``, this step's K/V
-    already written), each query seeing x - window .. x. Blocks of ``block`` query positions
-    start at multiples of ``block``; a block's rows outside the chunk are zeros and its keys past
-    s1 - 1 are masked, so a position's result does not depend on the chunk. Returns
-    [s1 - s0, Hq, D] in q's dtype."""
+def window_extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                  rows: list[int], pre: list[int], seq: list[int], window: int, sm_scale: float,
+                  block: int | None = None) -> torch.Tensor:
+    """An extend batch: request i's new tokens at positions pre[i] .. seq[i] - 1 (q [sum(seq - pre),
+    Hq, D], request after request) over its positions 0 .. seq[i] - 1 in the slot-indexed buffers
+    (slots ``req_to_token[rows[i]]``, this step's K/V already written), each query seeing x - window
+    .. x. Every request's positions are cut into blocks of ``block`` (default `EXTEND_BLOCK`)
+    starting at multiples of ``block``; a block's rows outside the chunk are zeros and its keys past
+    the request's last position are masked, so a position's block has the same shapes whatever the
+    chunk. The blocks of the whole batch run together, `GATHER_ELEMENTS` gathered keys at a time.
+    Returns [sum(seq - pre), Hq, D] in q's dtype."""
+    block = EXTEND_BLOCK if block is None else block
     hq, d = q.shape[1], q.shape[2]
+    h = k_buf.shape[1]
     dev = q.device
+    # the batch's blocks (host ints): request row, block start, the request's first new position,
+    # its last position + 1, and the q row of that first new position
+    blocks: list[tuple[int, int, int, int, int]] = []
+    at = 0
+    for r, s0, s1 in zip(rows, pre, seq):
+        blocks += [(r, b0, s0, s1, at) for b0 in range(s0 // block * block, s1, block)]
+        at += s1 - s0
     out = torch.empty_like(q)
-    rows = torch.arange(block, device=dev, dtype=torch.int64)
+    if not blocks:
+        return out
+    info = torch.tensor(blocks, dtype=torch.int64).to(dev)  # [B, 5]
+    within = torch.arange(block, device=dev, dtype=torch.int64)
     keys = torch.arange(window + block, device=dev, dtype=torch.int64)
-    for b0 in range(s0 // block * block, s1, block):
-        lo, hi = max(s0, b0), min(s1, b0 + block)
-        qb = q.new_zeros((1, block, hq, d))
-        qb[0, lo - b0:hi - b0] = q[lo - s0:hi - s0]
-        qpos = b0 + rows  # [block]
-        kpos = b0 - window + keys  # [window + block]
-        seen = ((kpos[None] <= qpos[:, None]) & (kpos[None] >= qpos[:, None] - window)
-                & (kpos[None] >= 0) & (kpos[None] < s1))
-        slots = slots_of_row[kpos.clamp(0, s1 - 1)].to(torch.int64)
-        o = _attend(qb, k_buf[slots][None], v_buf[slots][None], seen[None], sm_scale)
-        out[lo - s0:hi - s0] = o[0, lo - b0:hi - b0].to(q.dtype)
+    step = max(1, GATHER_ELEMENTS // ((window + block) * h * d))
+    for a in range(0, len(blocks), step):
+        row, b0, s0, s1, at0 = info[a:a + step].unbind(1)
+        qpos = b0[:, None] + within[None]  # [b, block]
+        in_chunk = (qpos >= s0[:, None]) & (qpos < s1[:, None])
+        qrow = (at0 - s0)[:, None] + qpos  # this step's q row of each block row in the chunk
+        qb = q[qrow.clamp(0, q.shape[0] - 1)] * in_chunk[:, :, None, None]
+        kpos = b0[:, None] - window + keys[None]  # [b, window + block]
+        seen = ((kpos[:, None, :] <= qpos[:, :, None]) & (kpos[:, None, :] >= qpos[:, :, None] - window)
+                & (kpos[:, None, :] >= 0) & (kpos[:, None, :] < s1[:, None, None]))
+        slots = req_to_token[row[:, None], torch.minimum(kpos.clamp(min=0), s1[:, None] - 1)].to(torch.int64)
+        o = _attend(qb, k_buf[slots], v_buf[slots], seen, sm_scale)  # [b, block, Hq, D]
+        out[qrow[in_chunk]] = o[in_chunk].to(q.dtype)
+    return out
+    info = torch.tensor(blocks, dtype=torch.int64).to(dev)  # [B, 4]
+    within = torch.arange(block, device=dev, dtype=torch.int64)
+    keys = torch.arange(window + block, device=dev, dtype=torch.int64)
+    step = max(1, GATHER_ELEMENTS // ((window + block) * h * d))
+    for a in range(0, len(blocks), step):
+        row, b0, s1, shift = info[a:a + step].unbind(1)
+        b = row.shape[0]
+        qpos = b0[:, None] + within[None]  # [b, block]
+        s0 = torch.tensor([max(pre[0], 0)], device=dev)  # placeholder, replaced below
+        del s0
+        qrow = qpos + shift[:, None]  # this step's q row of each block row (if it is in the chunk)
+        chunk_lo = shift.neg()  # first new position of the block's request: shift = at - s0
+        in_chunk = (qrow >= 0) & (qpos < s1[:, None]) & (qpos >= _first_new(chunk_lo, shift)[:, None])
+        qb = q[qrow.clamp(0, q.shape[0] - 1)] * in_chunk[:, :, None, None]
+        kpos = b0[:, None] - window + keys[None]  # [b, window + block]
+        seen = ((kpos[:, None, :] <= qpos[:, :, None]) & (kpos[:, None, :] >= qpos[:, :, None] - window)
+                & (kpos[:, None, :] >= 0) & (kpos[:, None, :] < s1[:, None, None]))
+        slots = req_to_token[row[:, None], torch.minimum(kpos.clamp(min=0), s1[:, None] - 1)].to(torch.int64)
+        o = _attend(qb, k_buf[slots], v_buf[slots], seen, sm_scale)  # [b, block, Hq, D]
+        out[qrow[in_chunk]] = o[in_chunk].to(q.dtype)
     return out
