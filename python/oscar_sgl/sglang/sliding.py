@@ -126,24 +126,3 @@ def window_extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req
         o = _attend(qb, k_buf[slots], v_buf[slots], seen, sm_scale)  # [b, block, Hq, D]
         out[qrow[in_chunk]] = o[in_chunk].to(q.dtype)
     return out
-    info = torch.tensor(blocks, dtype=torch.int64).to(dev)  # [B, 4]
-    within = torch.arange(block, device=dev, dtype=torch.int64)
-    keys = torch.arange(window + block, device=dev, dtype=torch.int64)
-    step = max(1, GATHER_ELEMENTS // ((window + block) * h * d))
-    for a in range(0, len(blocks), step):
-        row, b0, s1, shift = info[a:a + step].unbind(1)
-        b = row.shape[0]
-        qpos = b0[:, None] + within[None]  # [b, block]
-        s0 = torch.tensor([max(pre[0], 0)], device=dev)  # placeholder, replaced below
-        del s0
-        qrow = qpos + shift[:, None]  # this step's q row of each block row (if it is in the chunk)
-        chunk_lo = shift.neg()  # first new position of the block's request: shift = at - s0
-        in_chunk = (qrow >= 0) & (qpos < s1[:, None]) & (qpos >= _first_new(chunk_lo, shift)[:, None])
-        qb = q[qrow.clamp(0, q.shape[0] - 1)] * in_chunk[:, :, None, None]
-        kpos = b0[:, None] - window + keys[None]  # [b, window + block]
-        seen = ((kpos[:, None, :] <= qpos[:, :, None]) & (kpos[:, None, :] >= qpos[:, :, None] - window)
-                & (kpos[:, None, :] >= 0) & (kpos[:, None, :] < s1[:, None, None]))
-        slots = req_to_token[row[:, None], torch.minimum(kpos.clamp(min=0), s1[:, None] - 1)].to(torch.int64)
-        o = _attend(qb, k_buf[slots], v_buf[slots], seen, sm_scale)  # [b, block, Hq, D]
-        out[qrow[in_chunk]] = o[in_chunk].to(q.dtype)
-    return out
