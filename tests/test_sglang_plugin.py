@@ -144,6 +144,52 @@ def test_key_rotation_flags_reach_the_config(parse, capsys):
     assert "--oscar-key-rotation-min-alignment must be a finite positive number, got -1.0" in err
 
 
+def test_sliding_layers_flag_reaches_the_config_and_the_pool(parse, monkeypatch):
+    """--oscar-sliding-layers (default quantized) lands in the pickled config; with bf16 the pool
+    class SGLang resolves keeps the loaded model's sliding-window layers (and says so in the log),
+    and a model without any is told that the flag changes nothing."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.runtime_context import get_parallel
+
+    assert plugin.oscar_config_of(parse("--kv-cache", "oscar")).sliding_layers == "quantized"
+    sa = parse("--kv-cache", "oscar", "--oscar-sliding-layers", "bf16")
+    assert plugin.oscar_config_of(pickle.loads(pickle.dumps(sa))).sliding_layers == "bf16"
+    with pytest.raises(SystemExit):
+        parse("--kv-cache", "oscar", "--oscar-sliding-layers", "fp8")
+    hook = next(fn for target, kind, fn in plugin.HOOKS if target.endswith("_resolve_kv_pool_class"))
+
+    def resolve(windows):
+        model = torch.nn.ModuleList([RadixAttention(2, 64, 0.125, 1, layer_id=i, sliding_window_size=w)
+                                     for i, w in enumerate(windows)])
+        kvc = SimpleNamespace(server_args=sa, model=model, use_mla_backend=False, is_hybrid_swa=False,
+                              mambaish_config=None, model_config=SimpleNamespace(
+                                  get_num_kv_heads=lambda tp: 1, head_dim=64, num_attention_heads=2,
+                                  attention_arch=None, is_encoder_decoder=False))
+        with get_parallel().override(attn_tp_size=1, tp_rank=0):
+            return hook(None, kvc, kind="mha", default=object)
+
+    # SGLang's argument parsing reconfigures the root logger (pytest's caplog handler is gone): a
+    # handler of our own on the plug-in's logger
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger(plugin.__name__)
+    monkeypatch.setattr(log, "level", logging.INFO)
+    monkeypatch.setattr(log, "handlers", [*log.handlers, handler])  # the old list comes back after the test
+
+    import oscar_sgl.supported as supported
+
+    monkeypatch.setattr(supported, "check_server_model", lambda *a, **k: None)  # tested on their own
+    assert resolve([511, -1, 511, -1]).oscar_settings.bf16_layers == (0, 2)
+    assert "2 sliding-window layers kept in the KV dtype: [0, 2]" in lines[-1], lines
+    assert resolve([-1, -1]).oscar_settings.bf16_layers == ()
+    assert "--oscar-sliding-layers bf16 changes nothing" in lines[-1], lines
+
+
 def test_decode_cuda_graphs_on_by_default_on_cuda_and_prefill_graphs_always_off(parse):
     sa = parse("--kv-cache", "oscar")  # --device cpu: the reference path has no graph path
     assert sa.disable_decode_cuda_graph and sa.disable_prefill_cuda_graph
@@ -337,13 +383,14 @@ def test_help_lists_the_flags():
     for flag in ("--kv-cache {default,oscar}", "--oscar-bits {2,4}", "--oscar-k-group G_K", "--oscar-v-group G_V",
                  "--oscar-page-size R", "--oscar-norm-scope {layer,head}", "--oscar-cuda-graph", "--oscar-no-rotation",
                  "--oscar-no-token-scaling", "--oscar-prefill {position,exact}", "--oscar-offset {integer,min}",
-                 "--oscar-clip {none,keys,values,both}", "--oscar-key-ranges {group,page}"):
+                 "--oscar-clip {none,keys,values,both}", "--oscar-key-ranges {group,page}",
+                 "--oscar-sliding-layers {quantized,bf16}"):
         assert flag in out.stdout, flag
     # Every OScaR flag says its default (argparse wraps help lines, so compare without whitespace).
     flat = "".join(out.stdout.split())
     for shown in ("Codewidthofthepacked", "(default:2)", "(default:16atINT2,32atINT4)", "(default:64atINT2,32atINT4)",
                   "(default:128)", "(default:layer)", "(default:minatINT2,integeratINT4)", "(default:valuesatINT2,noneatINT4)",
-                  "(default:pageatINT2,groupatINT4",
+                  "(default:pageatINT2,groupatINT4", "(default:quantized,whatmeasuresbestperbyte",
                   "Default:rotationon", "Default:tokenscalingon", "decodeCUDAgraphsareonbydefaultonCUDA"):
         assert shown in flat, shown
 

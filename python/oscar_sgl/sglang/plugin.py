@@ -334,13 +334,23 @@ def _around_resolve_kv_pool_class(original: Callable[..., Any], self: Any, *, ki
         is_hybrid_swa=bool(self.is_hybrid_swa), is_hybrid_linear=self.mambaish_config is not None,
     )
     parallel = get_parallel()
+    kept = _bf16_layers(cfg, self)
+    if cfg.sliding_layers == "bf16":
+        import logging
+
+        log = logging.getLogger(__name__)
+        if kept:
+            log.info("oscar: --oscar-sliding-layers bf16: %d sliding-window layers kept in the KV dtype: %s",
+                     len(kept), list(kept))
+        else:
+            log.warning("oscar: --oscar-sliding-layers bf16 changes nothing: the model has no sliding-window layer")
     return pool_class_for(
         cfg,
         max_running_requests=getattr(self.server_args, "max_running_requests", None),
         enable_metrics=bool(getattr(self.server_args, "enable_metrics", False)),
         max_prefill_tokens=_prefill_tokens(self.server_args),
         tp_rank=int(parallel.tp_rank), tp_size=int(parallel.attn_tp_size),
-        prefill=prefill_mode_of(self.server_args), bf16_layers=_bf16_layers(cfg, self),
+        prefill=prefill_mode_of(self.server_args), bf16_layers=kept,
     )
 
 
