@@ -74,17 +74,42 @@ class GluonVariant:
             HSUB2) and the query scaled once per tile (fp16 ``q' = q * s``), plus the fp32 per-head
             ``q . o``. ``"magic"``: the MMA takes ``2^(10-b) + code`` as the LOP3 makes it (no HSUB2)
             and the per-head term also subtracts ``q' . 2^(10-b)`` (fp32; larger cancellation).
+        prefetch: with ``stages`` 0, the next tile's bytes are loaded before the current tile's math
+            (True, "regs1") or each tile's right before its own math (False: nothing of the next
+            tile is held, so fewer registers per lane and more one-warp programs per SM hide the
+            latency instead).
+        packed: the key and value (scale, offset) are paired into f16x2 words as soon as they are
+            loaded (True) instead of in the tile's math: a prefetched tile then holds half the
+            registers for its params (sessions 9-19 measured the unpacked form).
+        staging_block: tokens per open-page (BF16 staging) tile of this variant (None: the tuning's
+            ``block_t``, 32 at head_dim 128). The open-page loop, not the sealed-tile loop, sets the
+            kernel's register count at 32 (230 at INT2; 16: 168 with ``packed``), and registers
+            decide how many programs an SM holds; the open page is at most one page per request.
+        direct_staging: the open page's BF16 keys and values are loaded the way the sealed tiles'
+            codes are, each lane the elements its operand registers hold (``_staging_tile_direct``:
+            no shuffles, whole runs of a token's row; at INT2 281 instead of 537 instructions per
+            16 tokens) instead of plain loads converted by ``gl.convert_layout`` (``_staging_tile``,
+            sessions 9-19).
     """
 
     name: str
     stages: int = 0
     maxnreg: int | None = None
     keys: str = "dequant"
+    prefetch: bool = True
+    packed: bool = False
+    staging_block: int | None = None
+    direct_staging: bool = False
 
     @property
     def key_mode(self) -> int:
         """The kernel's ``KEYS`` constexpr."""
         return _KEY_MODES.index(self.keys)
+
+    def constexprs(self) -> dict[str, object]:
+        """The kernel's streaming constexprs for this variant (launcher, compile check, numpy check)."""
+        return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch, "PACKED": self.packed,
+                "DIRECT": self.direct_staging}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -93,6 +118,14 @@ class GluonVariant:
             raise ValueError(f"GluonVariant.keys must be one of {', '.join(_KEY_MODES)}, got {self.keys!r}")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
             raise ValueError(f"GluonVariant.maxnreg must be in [24, 255] or None, got {self.maxnreg}")
+        if not self.prefetch and self.stages:
+            raise ValueError("GluonVariant.prefetch=False is the register path (stages 0): a cp.async ring always "
+                             "streams ahead")
+        if self.packed and (self.stages or self.keys != "dequant"):
+            raise ValueError("GluonVariant.packed pairs the params of the register path's dequantized keys "
+                             "(stages 0, keys 'dequant')")
+        if self.staging_block not in (None, 16, 32):
+            raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
 
 _KEY_MODES = ("dequant", "fold", "magic")  # the KEYS constexpr of the kernel: 0, 1, 2
@@ -110,6 +143,13 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("fold", keys="fold"),
         GluonVariant("cp3_fold", stages=3, keys="fold"),
         GluonVariant("cp3_magic", stages=3, keys="magic"),
+        # session 20 (compiled on the CPU, not yet timed): fewer registers, so more one-warp programs
+        # per SM (time them at more programs per SM too: bench_decode.py --gluon-waves)
+        GluonVariant("r16", packed=True, staging_block=16),
+        GluonVariant("d16", packed=True, staging_block=16, direct_staging=True),
+        GluonVariant("dnp", prefetch=False, packed=True, staging_block=16, direct_staging=True),
+        GluonVariant("dnp_r128", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128),
+        GluonVariant("dnp_r104", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=104),
     )
 }
 DEFAULT_GLUON_VARIANT = "regs1"
@@ -287,10 +327,13 @@ if gl is not None:
     @gluon.jit
     def _tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr,
                   BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr,
-                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr):
+                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr,
+                  PACKED: gl.constexpr = False):
         """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head
         ``i_h``) in registers, each lane loading exactly the words and params its operand registers
-        use (``_tile_ptrs`` and ``_tile_small``)."""
+        use (``_tile_ptrs`` and ``_tile_small``). ``PACKED``: the key and value (scale, offset)
+        already paired into int32 f16x2 words (in ``ks0`` / ``ko0`` / ``vs0`` / ``vo0``; ``ks1`` /
+        ``ko1`` / ``vs1`` / ``vo1`` then unused), half the registers a prefetched tile holds for them."""
         kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
                                                                      G_K, BLOCK_N, LK, LV)
         kw = gl.load(kw_p)
@@ -301,6 +344,11 @@ if gl is not None:
         st, vs0, vs1, vo0, vo1 = _tile_small(page, t0, i_h, s_col, vp_ptr, scale_ptr, H, D, P, G_V, S, BLOCK_N, LV, LS)
         vw0 = gl.load(vw0_p)
         vw1 = gl.load(vw1_p)
+        if PACKED:
+            ks0 = _pack_f16(ks0, ks1)
+            ko0 = _pack_f16(ko0, ko1)
+            vs0 = _pack_f16(vs0, vs1)
+            vo0 = _pack_f16(vo0, vo1)
         return kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1
 
     @gluon.jit
@@ -339,7 +387,8 @@ if gl is not None:
     @gluon.jit
     def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0):
+                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
+                PACKED: gl.constexpr = False):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands."""
         HALF: gl.constexpr = 16 // BITS
@@ -356,8 +405,12 @@ if gl is not None:
         x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
         x4, k_i4 = gl.broadcast(x4, k_i4)
         if KEYS == 0:  # dequantized keys
-            s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
-            o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
+            if PACKED:  # paired at load time (_tile_raw)
+                s_pk = gl.expand_dims(ks0, 0)
+                o_pk = gl.expand_dims(ko0, 0)
+            else:
+                s_pk = gl.expand_dims(_pack_f16(ks0, ks1), 0)  # [1, WPL, HALF, 4]
+                o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
             x4, s_pk = gl.broadcast(x4, s_pk)
             x4, o_pk = gl.broadcast(x4, o_pk)
             k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
@@ -396,8 +449,12 @@ if gl is not None:
         v_i = gl.arange(0, HALF, layout=LV_I)
         v_hh5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_hh, 0), 2), 3), 4)  # [1, 2, 1, 1, 1]
         v_i5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_i, 0), 1), 3), 4)  # [1, 1, HALF, 1, 1]
-        vs_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(_pack_f16(vs0, vs1), 0), 1), 2)  # [1, 1, 1, 8, NP]
-        vo_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(_pack_f16(vo0, vo1), 0), 1), 2)
+        if PACKED:
+            vs_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(vs0, 0), 1), 2)  # [1, 1, 1, 8, NP]
+            vo_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(vo0, 0), 1), 2)
+        else:
+            vs_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(_pack_f16(vs0, vs1), 0), 1), 2)
+            vo_pk = gl.expand_dims(gl.expand_dims(gl.expand_dims(_pack_f16(vo0, vo1), 0), 1), 2)
         v_lo, v_hh5 = gl.broadcast(v_lo, v_hh5)
         v_hi, _ = gl.broadcast(v_hi, v_hh5)
         x5 = gl.where(v_hh5 == 0, v_lo, v_hi)  # [WPLV, 2, 1, 8, NP]
@@ -443,6 +500,80 @@ if gl is not None:
         return m_new, l_i, acc
 
     @gluon.jit
+    def _staging_tile_direct(b_qk, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr, sm_scale_log2,
+                             H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr,
+                             BLOCK_T: gl.constexpr, BLOCK_H: gl.constexpr, MMA: gl.constexpr, LK: gl.constexpr,
+                             LV: gl.constexpr):
+        """``_staging_tile`` with every lane loading the BF16 elements its operand registers hold, in
+        the sealed tiles' pair domains (``LK``, ``LV``): keys in ``_key_channel`` order (``b_qk``: the
+        query in that order), values in ``_value_channel`` order (the accumulator's rows), so the
+        conversions to the operand layouts move no data (no shuffles) and the loads are whole runs
+        of a token's row."""
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        HALF: gl.constexpr = 16 // BITS
+        CPW: gl.constexpr = 32 // BITS
+        WPL: gl.constexpr = D * BITS // 128
+        WPLV: gl.constexpr = D * BITS // 256
+        NP: gl.constexpr = BLOCK_T // 2
+        base = (stg * H + i_h) * P * D
+        # keys: [BLOCK_T, WPL, HALF, 4] per half e: channel t*D/4 + wi*CPW + e*HALF + i
+        LK_T: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LK)))
+        LK_W: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LK)))
+        LK_I: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LK)))
+        LK_Q: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LK)))
+        o_t = t0 + gl.arange(0, BLOCK_T, layout=LK_T)
+        o_wi = gl.arange(0, WPL, layout=LK_W)
+        o_i = gl.arange(0, HALF, layout=LK_I)
+        o_q = gl.arange(0, 4, layout=LK_Q)
+        t4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(o_t, 1), 2), 3)
+        w4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(o_wi, 0), 2), 3)
+        i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(o_i, 0), 1), 3)
+        q4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(o_q, 0), 1), 2)
+        c4 = q4 * (D // 4) + w4 * CPW + i4
+        off_k = t4 * D + c4
+        m_k = t4 < n_valid
+        off_k, m_k = gl.broadcast(off_k, m_k)
+        k_lo = gl.load(stg_k_ptr + base + off_k, mask=m_k, other=0.0)
+        k_hi = gl.load(stg_k_ptr + base + off_k + HALF, mask=m_k, other=0.0)
+        b_k = gl.convert_layout(gl.reshape(gl.join(k_lo, k_hi), [BLOCK_T, D]), A_OP, assert_trivial=True)
+        b_s = mma_v2(b_k, b_qk, gl.zeros([BLOCK_T, BLOCK_H], gl.float32, MMA))
+        o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
+        b_s = gl.where((o_tm < n_valid)[:, None], b_s * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
+        alpha = gl.exp2(m_i - m_new)
+        b_p = gl.exp2(b_s - m_new[None, :])
+        l_i = l_i * alpha + gl.sum(b_p, axis=0)
+        # values V^T: [WPLV, 2, HALF, 8, NP] per token parity: channel g*D/8 + wv*CPW + hh*HALF + i of token 2tp (+1)
+        LV_W: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
+        LV_HH: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
+        LV_I: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
+        LV_G: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, LV))))
+        LV_P: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LV))))
+        v_w = gl.arange(0, WPLV, layout=LV_W)
+        v_hh = gl.arange(0, 2, layout=LV_HH)
+        v_i = gl.arange(0, HALF, layout=LV_I)
+        v_g = gl.arange(0, 8, layout=LV_G)
+        v_p = gl.arange(0, NP, layout=LV_P)
+        w5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_w, 1), 2), 3), 4)
+        hh5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_hh, 0), 2), 3), 4)
+        i5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_i, 0), 1), 3), 4)
+        g5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_g, 0), 1), 2), 4)
+        p5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v_p, 0), 1), 2), 3)
+        c5 = g5 * (D // 8) + w5 * CPW + hh5 * HALF + i5
+        tok = t0 + 2 * p5
+        off_v = tok * D + c5
+        m_v = tok < n_valid
+        off_v, m_v = gl.broadcast(off_v, m_v)
+        m_v1 = (off_v // D + 1) < n_valid
+        v_e = gl.load(stg_v_ptr + base + off_v, mask=m_v, other=0.0)
+        v_o = gl.load(stg_v_ptr + base + off_v + D, mask=m_v1, other=0.0)
+        b_vt = gl.convert_layout(gl.reshape(gl.join(v_e, v_o), [D, BLOCK_T]), A_OP, assert_trivial=True)
+        b_pt = gl.convert_layout(b_p.to(gl.bfloat16), B_OP)
+        acc = mma_v2(b_vt, b_pt, acc * alpha[None, :])
+        return m_new, l_i, acc
+
+    @gluon.jit
     def _key_channel(p, D: gl.constexpr, BITS: gl.constexpr):
         """The channel at k position ``p`` of the dequantized key operand: p = e + 2t + 8(wi*HALF + i)
         holds channel t*D/4 + wi*CPW + e*HALF + i."""
@@ -470,7 +601,8 @@ if gl is not None:
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
-        STAGES: gl.constexpr, KEYS: gl.constexpr,
+        STAGES: gl.constexpr, KEYS: gl.constexpr, PREFETCH: gl.constexpr = True, PACKED: gl.constexpr = False,
+        DIRECT: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -504,11 +636,20 @@ if gl is not None:
             stg = gl.load(p2s_ptr + page).to(gl.int64)
             if stg >= 0:
                 n_valid = seq_len - (n_pages - 1) * P
-                b_qb = gl.load(qrot_ptr + q_row[None, :] + o_p[:, None], mask=m_n, other=0.0)
+                if DIRECT:  # the query in the keys' channel order (as the sealed tiles'), BF16
+                    b_qb = gl.load(qrot_ptr + q_row[None, :] + _key_channel(o_p, D, BITS)[:, None], mask=m_n, other=0.0)
+                else:
+                    b_qb = gl.load(qrot_ptr + q_row[None, :] + o_p[:, None], mask=m_n, other=0.0)
                 b_qb = gl.convert_layout(b_qb.to(gl.bfloat16), B_OP)
                 for t0 in range(0, n_valid, BLOCK_T):
-                    m_i, l_i, acc = _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr,
-                                                  sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LLOAD)
+                    if DIRECT:
+                        m_i, l_i, acc = _staging_tile_direct(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr,
+                                                             stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H,
+                                                             MMA, LK, LV)
+                    else:
+                        m_i, l_i, acc = _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr,
+                                                      stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA,
+                                                      LLOAD)
                 t_lo = 0
                 t_hi = 0
             else:
@@ -521,19 +662,27 @@ if gl is not None:
         b_q = gl.convert_layout(b_q.to(gl.float16), B_OP)
         LS: gl.constexpr = gl.SliceLayout(1, MMA)
         pg_idx = page_idx_ptr + kv_start
-        if STAGES == 0:  # "regs1": the next tile's bytes in registers
+        if STAGES == 0 and not PREFETCH:  # each tile loaded right before its math (more programs per SM instead)
+            for it in range(t_lo, t_hi):
+                page = gl.load(pg_idx + it // TPP).to(gl.int64)
+                kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
+                    page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)  # fmt: skip
+                m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
+                                        acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED)
+        elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
                 raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)
                 for it in range(t_lo, t_hi):
                     nxt = gl.minimum(it + 1, t_hi - 1)  # the last tile re-loads itself (never read past the end)
                     page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
                     raw_n = _tile_raw(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
-                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS)
+                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
-                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS)
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED)
                     raw = raw_n
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32
@@ -629,7 +778,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,
         part_lse_ptr=part_lse, sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
-        BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode,
+        BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
         **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
         num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
     )  # fmt: skip

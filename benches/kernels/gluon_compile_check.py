@@ -46,7 +46,7 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     block_h = max(8, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
-                 BLOCK_N=block_n, BLOCK_T=block_t, STAGES=var.stages, KEYS=var.key_mode,
+                 BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -68,12 +68,14 @@ def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: in
     pool = ("*i32", "*i32", "*i32", "*i32", "*fp32", "*bf16", "*bf16", "*i32")  # decode.POOL_TENSORS
     ptrs = {"qrot_ptr": "*fp32", "pool": pool, "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
             "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "q_ptr": "*bf16", "new_k_ptr": "*bf16",
-            "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16"}
+            "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32", "counter_ptr": "*i32", "out_ptr": "*bf16",
+            "krot_ptr": "*i32"}
     ints = {"strides": ("i32",) * 8}
     const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
                  INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
-                 INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True)
-    sig = {**ptrs, **ints, "sm_scale_log2": "fp32", **{k: "constexpr" for k in const}}
+                 INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True, WINDOW=False, KEY_PAGE=False,
+                 KEY_MASK=False)
+    sig = {**ptrs, **ints, "sm_scale_log2": "fp32", "window_left": "i32", **{k: "constexpr" for k in const}}
     sig = {k: sig[k] for k in dec._decode_stage1_kernel.arg_names}
     attrs = {path: [["tt.divisibility", 16]] for i, v in enumerate(sig.values())
              for path, t in (zip([(i, j) for j in range(len(v))], v) if isinstance(v, tuple) else [((i,), v)]) if t.startswith("*")}
@@ -91,7 +93,7 @@ def sass_of(cubin: bytes) -> str:
         os.unlink(f.name)
 
 
-COUNTED = ("STS", "LDS", "LDSM", "STSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR", "SHFL", "HMMA", "LDG", "PRMT", "LOP3", "HADD2",
+COUNTED = ("LDL", "STL", "STS", "LDS", "LDSM", "STSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR", "SHFL", "HMMA", "LDG", "PRMT", "LOP3", "HADD2",
            "HFMA2", "MUFU")
 _LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(.*)$")
 

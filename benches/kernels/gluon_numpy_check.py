@@ -240,10 +240,11 @@ def kernel_functions(ctx):
     g["async_copy"] = make_async_copy(ctx)
     g["_PAIR_ASM"] = G._PAIR_ASM.value
     names = ["_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
-             "_tile_smem", "_attend", "_staging_tile", "_key_channel",
+             "_tile_smem", "_attend", "_staging_tile", "_staging_tile_direct", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
-        g[n] = types.FunctionType(getattr(G, n).fn.__code__, g, n)
+        fn = getattr(G, n).fn
+        g[n] = types.FunctionType(fn.__code__, g, n, fn.__defaults__)
     return g
 
 
@@ -278,7 +279,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
                 fns["_gluon_decode_stage1_kernel"](
                     *ptrs, np.float32(sm_scale * math.log2(math.e)), H=h, GROUP=group, BLOCK_H=block_h, D=d,
                     BITS=args["BITS"], P=args["P"], G_K=args["G_K"], G_V=args["G_V"], S=args["S"], BLOCK_N=block_n,
-                    BLOCK_T=block_t, LK=None, LV=None, MMA=None, LLOAD=None, STAGES=var.stages, KEYS=var.key_mode,
+                    BLOCK_T=var.staging_block or block_t, LK=None, LV=None, MMA=None, LLOAD=None, **var.constexprs(),
                 )  # fmt: skip
                 assert not ctx["copies"]["groups"] and not ctx["copies"]["open"], "the program left cp.async groups pending"
     part_o.copy_(torch.from_numpy(po).view(part_o.shape))
@@ -316,7 +317,7 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="regs1,cp2,cp3,cp4,fold,cp3_magic",
+    ap.add_argument("--variants", default="regs1,cp2,cp3,cp4,fold,cp3_magic,r16,d16,dnp",
                     help="keys of GLUON_VARIANTS (their streaming; register caps do not change the source)")
     variants = ap.parse_args().variants.split(",")
     res = []
