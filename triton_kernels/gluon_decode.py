@@ -8,7 +8,10 @@ is 1.01-1.25x the Triton stage 1 (benches/results/kernels_gluon_variants_dc03213
 launches a whole decode step loses to the fused Triton step at short contexts (kernels.md, "Gluon");
 ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed: register
 prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query), timed in
-the same sweep (none beat "regs1" at the default split count).
+the same sweep (none beat "regs1" at the default split count), and the low-register forms of session
+20 (16-token open-page tiles loaded straight into the operand layouts, params paired at load, no
+prefetch: 168-104 registers instead of 230; compiled for sm_90 and run through the numpy stand-in,
+not yet timed: kernels_gluon_design.md §9).
 
 Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, split
 ``num_splits`` takes the last page, one normalized partial and log-sum-exp per (request, query

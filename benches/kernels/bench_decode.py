@@ -253,7 +253,7 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
 
 
 def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
-                waves: tuple[float, ...] = (), mode: str = "qrot") -> dict:
+                waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128) -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
@@ -262,7 +262,8 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     structure. ``agree``: relative RMS of the Gluon output against the default's. ``variants``: the
     Gluon stage-1 variants (``gluon_decode.GLUON_VARIANTS``), each its own column ``gluon:<name>``
     at the default's split count, and ``gluon:<name>@w<W>`` at the split count of ``W`` programs
-    per SM for each of ``waves``; the first variant at the default splits is also reported as
+    per SM for each of ``waves`` (at most ``max_splits`` splits: the default rule's 128 caps a
+    single request at 8 KV heads to 1032 programs whatever ``waves`` asks); the first variant at the default splits is also reported as
     ``gluon`` (its speedup and agreement). ``mode="fused"`` (``--gluon-step``): the whole decode
     step of a layer instead, the new token's write and the query rotation included (fused into
     the Triton stage 1; a separate write launch before the Gluon stage 1), as the backend runs it."""
@@ -282,7 +283,7 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     cols = [("default", default, ws), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False), ws)]
     cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v), ws) for v in variants]
     for w in waves:
-        n = _dec.pick_num_splits(batch, H, waves=w)
+        n = _dec.pick_num_splits(batch, H, waves=w, max_splits=max_splits)
         res.setdefault("num_splits_by_waves", {})[f"{w:g}"] = n
         ws_w = decode_workspace(batch, HQ, H, D, n, DEV)
         cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w), ws_w)
@@ -1106,6 +1107,7 @@ def main() -> None:
     ap.add_argument("--gluon", action="store_true", help="only the Gluon stage 1 (issue 14, first step) side by side with the default kernel, INT2 and INT4 at --shapes; writes gluon.json / gluon.md")
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
+    ap.add_argument("--gluon-max-splits", type=int, default=128, help="with --gluon-waves: the most splits per (request, KV head) a <variant>@w<W> column may get (default 128, the default rule's cap)")
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -1173,6 +1175,9 @@ def main() -> None:
         if any(w <= 0 for w in gwaves):
             raise ValueError(f"--gluon-waves must be positive programs per SM, got {args.gluon_waves}")
         meta["gluon_waves"] = list(gwaves)
+        if args.gluon_max_splits < 1:
+            raise ValueError(f"--gluon-max-splits must be >= 1, got {args.gluon_max_splits}")
+        meta["gluon_max_splits"] = args.gluon_max_splits
         meta["gluon_mode"] = "fused" if args.gluon_step else "qrot"
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
@@ -1180,7 +1185,8 @@ def main() -> None:
             for bits in (2, 4):
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
-                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"]))
+                    rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"],
+                                            args.gluon_max_splits))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})
