@@ -133,7 +133,7 @@ def _source_paths() -> dict[str, str]:
     {path: variant name}."""
     seen: dict[tuple, str] = {}
     for name, v in gluon_decode.GLUON_VARIANTS.items():
-        seen.setdefault((tuple(sorted(v.constexprs().items())), v.staging_block), name)
+        seen.setdefault((tuple(sorted(v.constexprs().items())), v.staging_block, v.fused), name)
     return {name: name for name in seen.values()}
 
 
@@ -167,6 +167,25 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
         err, agree = chk.check(bits, h, g, p, lens, sealed, scope, block_n, splits, bits, variant)
         assert err < ATTN_BOUND_FP32_OUT, f"{variant} INT{bits} vs reference: relative RMS {err:.2e}"
         assert agree < bound_tri, f"{variant} INT{bits} vs the Triton kernel: relative RMS {agree:.2e}"
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@pytest.mark.parametrize("variant", [v for v in _source_paths() if gluon_decode.GLUON_VARIANTS[v].fused])
+@pytest.mark.parametrize("bits,scope,flags", [(2, "layer", None), (4, "head", None), (2, "layer", (True, False) * 4)])
+def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags):
+    """A whole step of a ``fused`` variant (the query rotation, the new token's write and the
+    partials' inverse rotation inside the Gluon launch, then the plain merge), its source executed
+    by the numpy stand-in: it stages exactly the keys and values the fused Triton step stages (the
+    padding request's token not at all), the same token scales, and its output agrees with the Triton
+    step's (1e-3, the GPU test's bound: 16-token open-page tiles round probabilities against other
+    maxima) and with the same variant unfused (write launch, stage 1 on rotated queries, rotating
+    merge) to 1e-6; also with a per-head key-rotation plan."""
+    same, st, err, err_unfused = _numpy_check_module().check_step(bits, scope, flags, variant)
+    assert same, "the fused write staged other bits than the Triton step's"
+    assert st <= 2.4e-7, f"token scales differ by {st:.1e} (relative)"
+    assert err < 1e-3, f"vs the Triton step: relative RMS {err:.2e}"
+    assert err_unfused < 1e-6, f"vs the unfused path: relative RMS {err_unfused:.2e}"
 
 
 def test_gluon_variants_are_checked(nan_empty):
@@ -266,13 +285,15 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 @needs_gluon
 @pytest.mark.parametrize("bits,scope,flags", [(2, "layer", None), (4, "head", None),
                                               (2, "layer", (True, False, True, True, False, True, True, False))])
-def test_gluon_step_with_the_write_equals_the_fused_triton_step(bits, scope, flags, nan_empty):
+@pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f"])
+def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
-    the merge: it stages exactly the keys and values (token scales within an ulp) the Triton stage
-    1's fused write stages, skips the padding request, and its attention agrees with the Triton step's;
-    also with a per-head key-rotation plan (``flags``)."""
+    the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
+    inverse rotation, then the plain merge): it stages exactly the keys and values (token scales
+    within an ulp) the Triton stage 1's fused write stages, skips the padding request, and its
+    attention agrees with the Triton step's; also with a per-head key-rotation plan (``flags``)."""
     cfg = OscarConfig(bits=bits, page_size=128, norm_scope=scope)
-    a, out_g = _step_with_write(cfg, gluon=True, key_rotated=flags)
+    a, out_g = _step_with_write(cfg, gluon=True, key_rotated=flags, tune=dict(gluon_variant=variant))
     b, out_t = _step_with_write(cfg, gluon=False, key_rotated=flags)
     assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
     assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))

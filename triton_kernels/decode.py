@@ -382,7 +382,9 @@ class _DecodeTuning:
         gluon: stage 1 written in Gluon with explicit MMA operand layouts (``gluon_decode``): one
             warp, ``block_n`` / ``block_t`` / ``waves`` / ``num_splits`` as above, the other launch
             options ignored; the write with the query rotation (``oscar_write_kv``) and the merge
-            with the inverse rotation are separate launches. Opt-in (tests and benchmarks): its
+            with the inverse rotation are separate launches, except for the ``fused`` variants
+            (the query rotation, the write and the partials' inverse rotation in the Gluon launch,
+            then the plain merge: two launches). Opt-in (tests and benchmarks): its
             stage 1 is 1.01-1.25x the Triton stage 1 on an H200, but a whole step with the two
             extra launches is 0.62-0.93x the fused Triton step at short contexts and only
             1.03-1.22x at long ones (benches/results/kernels.md, "Gluon"), and the default cannot
@@ -551,6 +553,21 @@ def oscar_decode_attention(
     if counters.dtype != torch.int32 or counters.numel() < b * h or q_scratch.shape != q.shape or q_scratch.dtype != torch.float32:
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
     if b == 0:
+        return out
+    if tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused:
+        # two launches: the Gluon stage 1 with the query rotation, the write and the partials'
+        # inverse rotation fused, then the plain merge
+        fused = {"q_ptr": q if q_rot is None else None,
+                 **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device,
+                                      placeholder=seq_lens), **rotate}
+        if write:
+            fused.update(new_k_ptr=new_k, new_v_ptr=new_v, new_loc_ptr=new_loc, stg_scale_ptr=staging_scale)
+        gluon_decode.gluon_stage1_launch(q_rot=q_rot if q_rot is not None else q_scratch, pool_args=named_pool_arguments(layer),
+                                         group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
+                                         seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
+                                         block_n=tune.block_n, block_t=tune.block_t, variant=tune.gluon_variant,
+                                         fused=fused)
+        merge_launch(part_o, part_lse, out)
         return out
     if tune.gluon:  # three launches: write (+ query rotation), Gluon stage 1, merge (+ inverse rotation)
         if write:

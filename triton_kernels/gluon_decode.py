@@ -93,6 +93,13 @@ class GluonVariant:
             no shuffles, whole runs of a token's row; at INT2 281 instead of 537 instructions per
             16 tokens) instead of plain loads converted by ``gl.convert_layout`` (``_staging_tile``,
             sessions 9-19).
+        fused: the step's other parts in the same launch (``ROT_Q`` / ``WRITE`` / ``ROT_OUT`` of the
+            kernel): the query rotation (every program of a (request, KV head) rotates its query
+            heads, as the Triton stage 1 does), the new token's write (rotated K/V into the staging
+            slot and its s_t, by the open-page program) and the partials' inverse rotation (so the
+            merge is the plain channel-parallel launch of the Triton path, not the rotating one):
+            two launches per step instead of three. False: the write (+ query rotation) and the
+            rotating merge are launches of their own (sessions 9-19).
     """
 
     name: str
@@ -103,6 +110,7 @@ class GluonVariant:
     packed: bool = False
     staging_block: int | None = None
     direct_staging: bool = False
+    fused: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -153,6 +161,9 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp", prefetch=False, packed=True, staging_block=16, direct_staging=True),
         GluonVariant("dnp_r128", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128),
         GluonVariant("dnp_r104", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=104),
+        GluonVariant("d16f", packed=True, staging_block=16, direct_staging=True, fused=True),
+        GluonVariant("dnp_r128f", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True),
     )
 }
 DEFAULT_GLUON_VARIANT = "regs1"
@@ -577,6 +588,87 @@ if gl is not None:
         return m_new, l_i, acc
 
     @gluon.jit
+    def _fwht_rows(x, ROWS: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr, SHIFT: gl.constexpr):
+        """Unnormalized Sylvester butterfly over the last dim of an fp32 ``[ROWS, D]`` tensor: the
+        additions of ``common.fwht_rows`` in the same order (so the same bits). Stage ``j`` pairs the
+        elements whose index differs in bit ``(j + SHIFT) % LOG2D``: SHIFT 0 for rows in channel
+        order, SHIFT 3 for the accumulator's rows, whose index c holds channel ``(c % 8) * D/8 + c // 8``
+        (``_value_channel``: channel bit j is bit (j + 3) % LOG2D of c). (The Walsh-Hadamard matrix is
+        invariant under a permutation of the index bits, so any stage order is the same transform;
+        SHIFT keeps the reference's order of additions, hence its rounding.) Before each split the
+        pair axis is moved into registers (Gluon's split needs it there): one layout conversion per
+        stage."""
+        for j in gl.static_range(LOG2D):
+            y = gl.reshape(x, [ROWS, D // (2 << ((j + SHIFT) % LOG2D)), 2, 1 << ((j + SHIFT) % LOG2D)])
+            y = gl.permute(y, [0, 1, 3, 2])
+            y = gl.convert_layout(y, gl.BlockedLayout(
+                [1, 1, 1, 2], [1, min(D // (2 << ((j + SHIFT) % LOG2D)), 32), 32 // min(D // (2 << ((j + SHIFT) % LOG2D)), 32), 1],
+                [1, 1, 1, 1], [3, 2, 1, 0]))  # fmt: skip
+            a, b = gl.split(y)
+            y = gl.permute(gl.join(a + b, a - b), [0, 1, 3, 2])
+            x = gl.reshape(y, [ROWS, D])
+        return x
+
+    @gluon.jit
+    def _rotated_rows(ptr, row0, stride_r, o_r, m_r, rot, D: gl.constexpr, LOG2D: gl.constexpr, ROWS: gl.constexpr,
+                      ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, MASKED: gl.constexpr, LROW: gl.constexpr):
+        """Rows ``o_r`` (masked by ``m_r``) of ``ptr + row0``, row stride ``stride_r``, as fp32
+        ``[ROWS, D]`` in ``LROW``, Walsh-Hadamard rotated and normalized when ROTATE (with MASKED only
+        the rows whose ``rot`` flag is set: ``common.load_rotated``)."""
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
+        x = gl.load(ptr + row0 + o_r[:, None] * stride_r + o_d[None, :], mask=m_r[:, None], other=0.0).to(gl.float32)
+        if ROTATE:
+            x_rot = gl.convert_layout(_fwht_rows(x, ROWS, D, LOG2D, 0), LROW) * INV_SQRT_D
+            if MASKED:
+                x = gl.where(rot[:, None], x_rot, x)
+            else:
+                x = x_rot
+        return x
+
+    @gluon.jit
+    def _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, krot_ptr, i_b,
+                     i_h, stride_kb, stride_kh, stride_vb, stride_vh, H: gl.constexpr, D: gl.constexpr,
+                     P: gl.constexpr, S: gl.constexpr, LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr,
+                     ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr, LROW: gl.constexpr):
+        """The write of KV head ``i_h`` of request ``i_b`` (``common.write_token``, the same values):
+        its new K/V rotated into its staging slot as BF16 and, with the layer norm scope (S == 1) by
+        the program of head 0, s_t over every head's key as stored. Padding slots (page 0, mapped to
+        no staging slot) are not written."""
+        loc = gl.load(new_loc_ptr + i_b).to(gl.int64)
+        page = loc // P
+        slot = loc % P
+        stg = gl.load(p2s_ptr + page).to(gl.int64)
+        if stg >= 0:
+            o_1 = gl.arange(0, 1, layout=gl.SliceLayout(1, LROW))
+            m_1 = o_1 >= 0
+            r_1 = m_1
+            if KEY_MASK:
+                r_1 = gl.load(krot_ptr + i_h + o_1) != 0
+            b_k = _rotated_rows(new_k_ptr, i_b * stride_kb + i_h * stride_kh, 0, o_1, m_1, r_1, D, LOG2D, 1, ROTATE,
+                                INV_SQRT_D, KEY_MASK, LROW)
+            b_v = _rotated_rows(new_v_ptr, i_b * stride_vb + i_h * stride_vh, 0, o_1, m_1, m_1, D, LOG2D, 1, ROTATE,
+                                INV_SQRT_D, False, LROW)
+            o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
+            o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :] + o_1[:, None] * 0
+            gl.store(stg_k_ptr + o_stg, b_k.to(gl.bfloat16))
+            gl.store(stg_v_ptr + o_stg, b_v.to(gl.bfloat16))
+            p_scale = stg_scale_ptr + (stg * P + slot) * S
+            if S == 1:
+                if i_h == 0:  # the layer norm needs every head's rotated key
+                    o_h = gl.arange(0, BLOCK_HK, layout=gl.SliceLayout(1, LROW))
+                    m_h = o_h < H
+                    r_h = m_h
+                    if KEY_MASK:
+                        r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
+                    b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, BLOCK_HK,
+                                         ROTATE, INV_SQRT_D, KEY_MASK, LROW)
+                    b_s = gl.sqrt_rn(gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0))
+                    gl.store(p_scale, gl.where(b_s > 0.0, b_s, 1.0))
+            elif S > 1:
+                b_s = gl.sqrt_rn(gl.sum(gl.sum(b_k * b_k, axis=1), axis=0))
+                gl.store(p_scale + i_h, gl.where(b_s > 0.0, b_s, 1.0))
+
+    @gluon.jit
     def _key_channel(p, D: gl.constexpr, BITS: gl.constexpr):
         """The channel at k position ``p`` of the dequantized key operand: p = e + 2t + 8(wi*HALF + i)
         holds channel t*D/4 + wi*CPW + e*HALF + i."""
@@ -600,12 +692,16 @@ if gl is not None:
     @gluon.jit
     def _gluon_decode_stage1_kernel(
         qrot_ptr, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, stg_k_ptr, stg_v_ptr, p2s_ptr, kv_indptr_ptr,
-        page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr, sm_scale_log2,
+        page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
+        q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, krot_ptr,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, sm_scale_log2,
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
         STAGES: gl.constexpr, KEYS: gl.constexpr, PREFETCH: gl.constexpr = True, PACKED: gl.constexpr = False,
-        DIRECT: gl.constexpr = False,
+        DIRECT: gl.constexpr = False, ROT_Q: gl.constexpr = False, WRITE: gl.constexpr = False,
+        ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
+        INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -614,6 +710,27 @@ if gl is not None:
         TPP: gl.constexpr = P // BLOCK_N
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         s_col = i_h if S > 1 else 0  # the token-scale column: per head, or one for the layer
+
+        if ROT_Q:
+            # the query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV
+            # head h (identical values, so the concurrent stores of the splits agree) and reads them
+            # back below in the orders its tiles want; KEY_MASK: rotated only if head h's keys are
+            o_g = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LLOAD))
+            m_g = o_g < GROUP
+            r_g = m_g
+            if KEY_MASK:
+                r_g = gl.load(krot_ptr + i_h + o_g * 0) != 0
+            b_qr = _rotated_rows(q_ptr, i_b * stride_qb + (i_h * GROUP) * stride_qh, stride_qh, o_g, m_g, r_g, D, LOG2D,
+                                 BLOCK_H, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD)
+            o_qd = gl.arange(0, D, layout=gl.SliceLayout(0, LLOAD))
+            gl.store(qrot_ptr + ((i_b * H + i_h) * GROUP + o_g)[:, None] * D + o_qd[None, :], b_qr, mask=m_g[:, None])
+        if WRITE:
+            if i_s == n_split:  # the program that reads the open page writes the new token into it
+                _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, krot_ptr,
+                             i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H, D, P, S, LOG2D, BLOCK_HK, ROTATE,
+                             INV_SQRT_D, KEY_MASK, LLOAD)
+        if ROT_Q or WRITE:
+            gl.thread_barrier()  # this program's stores above are read back below
 
         seq_len = gl.load(seq_lens_ptr + i_b)
         kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
@@ -732,10 +849,22 @@ if gl is not None:
         has = l_i > 0.0
         b_lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
         b_o = acc / gl.where(has, l_i, 1.0)[None, :]
-        o_c = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)), D, BITS)
         o_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, MMA))
         o_part = ((i_b * H + i_h) * GROUP + o_h) * (n_split + 1) + i_s
-        gl.store(part_o_ptr + o_part[None, :] * D + o_c[:, None], b_o, mask=(o_h < GROUP)[None, :])
+        if ROT_OUT:
+            # the inverse rotation of the partial here (it is linear), so the merge launch is a weighted
+            # sum only (channel-parallel); the butterfly runs over the accumulator's row order
+            b_ot = gl.permute(b_o, [1, 0])  # [BLOCK_H, D], column c holds channel _value_channel(c)
+            if ROTATE:
+                b_ot = _fwht_rows(b_ot, BLOCK_H, D, LOG2D, 3) * INV_SQRT_D
+            b_ot = gl.convert_layout(b_ot, LLOAD)
+            o_h2 = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LLOAD))
+            o_c2 = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(0, LLOAD)), D, BITS)
+            o_part2 = ((i_b * H + i_h) * GROUP + o_h2) * (n_split + 1) + i_s
+            gl.store(part_o_ptr + o_part2[:, None] * D + o_c2[None, :], b_ot, mask=(o_h2 < GROUP)[:, None])
+        else:
+            o_c = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)), D, BITS)
+            gl.store(part_o_ptr + o_part[None, :] * D + o_c[:, None], b_o, mask=(o_h < GROUP)[None, :])
         gl.store(part_lse_ptr + o_part, b_lse, mask=o_h < GROUP)
 
 
@@ -760,28 +889,50 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
 def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], group: int, kv_indptr: torch.Tensor,
                         kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
                         part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int,
-                        variant: str = DEFAULT_GLUON_VARIANT) -> None:
+                        variant: str = DEFAULT_GLUON_VARIANT, fused: dict[str, object] | None = None) -> None:
     """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
-    page): rotated-basis partials and log-sum-exps into ``part_o`` / ``part_lse``. The caller
+    page): partials and log-sum-exps into ``part_o`` / ``part_lse``, in the rotated basis unless
+    ``fused`` (then in the model's: the plain merge launch follows). The caller
     (``oscar_decode_attention``) has checked the inputs; the shape limits are ``check_gluon_shape``'s.
-    ``variant``: a key of ``GLUON_VARIANTS`` (how tiles are streamed; same results)."""
+    ``variant``: a key of ``GLUON_VARIANTS``. ``fused`` (a ``fused`` variant only): the step's other
+    parts, by kernel parameter name: ``q_ptr`` (the queries to rotate into ``q_rot``, or None when
+    ``q_rot`` holds them rotated), ``new_k_ptr`` / ``new_v_ptr`` / ``new_loc_ptr`` /
+    ``stg_scale_ptr`` (the write, or None), ``krot_ptr`` / ``KEY_MASK`` (``key_mask_arguments``),
+    ``ROTATE`` / ``LOG2D`` / ``INV_SQRT_D`` (``rotation_arguments``)."""
     var = gluon_variant(variant)
     reason = gluon_available(q_rot.device)
     if reason is not None:
         raise RuntimeError(reason)
+    if (fused is not None) != var.fused:
+        raise ValueError(f"Gluon variant {variant!r} {'takes' if var.fused else 'does not take'} the fused step's arguments")
     b, hq, d = q_rot.shape
     h = pool_args["H"]
     block_h = max(8, 1 << (group - 1).bit_length())
     check_gluon_shape(bits=pool_args["BITS"], head_dim=d, k_group=pool_args["G_K"], v_group=pool_args["G_V"],
                       block_n=block_n, group=group)
+    f = fused or {}
+    q, new_k = f.get("q_ptr"), f.get("new_k_ptr")
+    write = new_k is not None
     _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
         qrot_ptr=q_rot, kw_ptr=pool_args["kw_ptr"], kp_ptr=pool_args["kp_ptr"].view(torch.float16),
         vw_ptr=pool_args["vw_ptr"], vp_ptr=pool_args["vp_ptr"].view(torch.float16), scale_ptr=pool_args["scale_ptr"],
         stg_k_ptr=pool_args["stg_k_ptr"], stg_v_ptr=pool_args["stg_v_ptr"], p2s_ptr=pool_args["p2s_ptr"],
         kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,
-        part_lse_ptr=part_lse, sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
+        part_lse_ptr=part_lse,
+        # the fused step's inputs (placeholders where a part does not run: never read then)
+        q_ptr=q if q is not None else q_rot, new_k_ptr=new_k if write else q_rot,
+        new_v_ptr=f["new_v_ptr"] if write else q_rot, new_loc_ptr=f["new_loc_ptr"] if write else seq_lens,
+        stg_scale_ptr=f.get("stg_scale_ptr") if write and f.get("stg_scale_ptr") is not None else part_lse,
+        krot_ptr=f.get("krot_ptr", seq_lens),
+        stride_qb=q.stride(0) if q is not None else 0, stride_qh=q.stride(1) if q is not None else 0,
+        stride_kb=new_k.stride(0) if write else 0, stride_kh=new_k.stride(1) if write else 0,
+        stride_vb=f["new_v_ptr"].stride(0) if write else 0, stride_vh=f["new_v_ptr"].stride(1) if write else 0,
+        sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
         BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
         **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
+        ROT_Q=q is not None, WRITE=write, ROT_OUT=var.fused, ROTATE=bool(f.get("ROTATE", False)),
+        LOG2D=f.get("LOG2D", d.bit_length() - 1), INV_SQRT_D=f.get("INV_SQRT_D", d ** -0.5),
+        KEY_MASK=bool(f.get("KEY_MASK", False)), BLOCK_HK=max(1, 1 << (h - 1).bit_length()),
         num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
     )  # fmt: skip

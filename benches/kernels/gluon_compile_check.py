@@ -34,7 +34,10 @@ from oscar_sgl.kernels import gluon_decode as G
 SIGNATURE = {
     "qrot_ptr": "*fp32", "kw_ptr": "*i32", "kp_ptr": "*fp16", "vw_ptr": "*i32", "vp_ptr": "*fp16", "scale_ptr": "*fp32",
     "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
-    "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale_log2": "fp32",
+    "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
+    "q_ptr": "*bf16", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32",
+    "krot_ptr": "*i32", "stride_qb": "i32", "stride_qh": "i32", "stride_kb": "i32", "stride_kh": "i32", "stride_vb": "i32",
+    "stride_vh": "i32", "sm_scale_log2": "fp32",
 }  # fmt: skip
 
 
@@ -47,6 +50,9 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
                  BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
+                 # a fused variant compiles the whole step (query rotation, write, rotated-back partials)
+                 ROT_Q=var.fused, WRITE=var.fused, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
+                 INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h,
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
