@@ -172,16 +172,19 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @pytest.mark.parametrize("variant", [v for v in _source_paths() if gluon_decode.GLUON_VARIANTS[v].fused])
-@pytest.mark.parametrize("bits,scope,flags", [(2, "layer", None), (4, "head", None), (2, "layer", (True, False) * 4)])
-def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags):
+@pytest.mark.parametrize("bits,scope,flags,merge", [(2, "layer", None, False), (4, "head", None, True),
+                                                    (2, "layer", (True, False) * 4, True)])
+def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, merge):
     """A whole step of a ``fused`` variant (the query rotation, the new token's write and the
     partials' inverse rotation inside the Gluon launch, then the plain merge), its source executed
     by the numpy stand-in: it stages exactly the keys and values the fused Triton step stages (the
     padding request's token not at all), the same token scales, and its output agrees with the Triton
     step's (1e-3, the GPU test's bound: 16-token open-page tiles round probabilities against other
     maxima) and with the same variant unfused (write launch, stage 1 on rotated queries, rotating
-    merge) to 1e-6; also with a per-head key-rotation plan."""
-    same, st, err, err_unfused = _numpy_check_module().check_step(bits, scope, flags, variant)
+    merge) to 1e-6; also with a per-head key-rotation plan, and with the merge in the launch (the
+    last program of each (request, KV head) merges; its counters are left at zero).
+    test_gluon_source_runs_right_on_the_cpu covers the fused variants' in-launch merge at few splits."""
+    same, st, err, err_unfused = _numpy_check_module().check_step(bits, scope, flags, variant, merge=merge)
     assert same, "the fused write staged other bits than the Triton step's"
     assert st <= 2.4e-7, f"token scales differ by {st:.1e} (relative)"
     assert err < 1e-3, f"vs the Triton step: relative RMS {err:.2e}"
@@ -303,6 +306,28 @@ def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, s
     assert not torch.isnan(out_g).any()
     err = rel_rms(out_g.float(), out_t.float())
     assert err < 1e-3, f"Gluon vs Triton step: relative RMS {err:.2e}"
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("variant", ["d16f", "dnp_r128f"])
+def test_gluon_fused_step_merges_in_the_launch(variant, nan_empty):
+    """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the
+    Triton step does: one launch per step. Two steps on one workspace (the second finds the merge
+    counters reset by the first, as a CUDA-graph replay does) agree with the Triton step's output."""
+    cfg = OscarConfig(bits=2, page_size=128)
+    tune = dict(gluon_variant=variant, num_splits=3)
+    _, out_t = _step_with_write(cfg, gluon=False, tune=dict(num_splits=3))
+    pool, out_g = _step_with_write(cfg, gluon=True, tune=tune)
+    assert not torch.isnan(out_g).any()
+    assert rel_rms(out_g.float(), out_t.float()) < 1e-3
+    b, hq, d = out_g.shape
+    ws = kdecode.decode_workspace(b, hq, 8, d, 3, "cuda")
+    q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(5)).bfloat16().cuda()
+    outs = [_decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), workspace=ws, tune=tune)
+            for _ in range(2)]
+    assert torch.equal(outs[0], outs[1]) and not torch.isnan(outs[1]).any()
+    assert int(ws[2].abs().sum()) == 0, "the merge counters were not reset"
 
 
 @gpu

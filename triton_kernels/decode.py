@@ -555,19 +555,25 @@ def oscar_decode_attention(
     if b == 0:
         return out
     if tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused:
-        # two launches: the Gluon stage 1 with the query rotation, the write and the partials'
-        # inverse rotation fused, then the plain merge
+        # one launch (few splits: the merge fused too, as the Triton step does) or two: the Gluon stage
+        # 1 with the query rotation, the write and the partials' inverse rotation, then the plain merge
         fused = {"q_ptr": q if q_rot is None else None,
                  **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device,
                                       placeholder=seq_lens), **rotate}
         if write:
             fused.update(new_k_ptr=new_k, new_v_ptr=new_v, new_loc_ptr=new_loc, stg_scale_ptr=staging_scale)
+        # the merge in the launch where the Triton step fuses its own (the same rule: few splits)
+        cap = max(1, min(64, 4096 // (triton.next_power_of_2(group) * d)))
+        merge_in = num_splits + 1 <= 2 * cap if tune.fused_merge is None else tune.fused_merge
+        if merge_in:
+            fused.update(counter_ptr=counters, out_ptr=out)
         gluon_decode.gluon_stage1_launch(q_rot=q_rot if q_rot is not None else q_scratch, pool_args=named_pool_arguments(layer),
                                          group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
                                          seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
                                          block_n=tune.block_n, block_t=tune.block_t, variant=tune.gluon_variant,
                                          fused=fused)
-        merge_launch(part_o, part_lse, out)
+        if not merge_in:
+            merge_launch(part_o, part_lse, out)
         return out
     if tune.gluon:  # three launches: write (+ query rotation), Gluon stage 1, merge (+ inverse rotation)
         if write:

@@ -98,7 +98,9 @@ class GluonVariant:
             heads, as the Triton stage 1 does), the new token's write (rotated K/V into the staging
             slot and its s_t, by the open-page program) and the partials' inverse rotation (so the
             merge is the plain channel-parallel launch of the Triton path, not the rotating one):
-            two launches per step instead of three. False: the write (+ query rotation) and the
+            two launches per step instead of three, one where the Triton step fuses its merge too
+            (few splits: the last program of a (request, KV head) merges). False: the write (+ query
+            rotation) and the
             rotating merge are launches of their own (sessions 9-19).
     """
 
@@ -669,6 +671,44 @@ if gl is not None:
                 gl.store(p_scale + i_h, gl.where(b_s > 0.0, b_s, 1.0))
 
     @gluon.jit
+    def _merge_heads(part_o_ptr, part_lse_ptr, out_ptr, i_b, i_h, n_part, stride_ob, stride_oh, H: gl.constexpr,
+                     GROUP: gl.constexpr, BLOCK_G: gl.constexpr, D: gl.constexpr, CHUNK: gl.constexpr,
+                     LM: gl.constexpr):
+        """The fused merge (``decode.merge_partials``, the same arithmetic): the log-sum-exp weighted
+        sum of the ``n_part`` partials (model basis) of the GROUP query heads of KV head ``i_h``, CHUNK
+        partials per block load (``[BLOCK_G, CHUNK, D]`` in ``LM``), into ``out``. The loads bypass L1
+        (``.cg``): other programs wrote the partials."""
+        LRC: gl.constexpr = gl.SliceLayout(2, LM)  # [rows, chunk]
+        LRD: gl.constexpr = gl.SliceLayout(1, LM)  # [rows, D]
+        o_r = gl.arange(0, BLOCK_G, layout=gl.SliceLayout(1, LRC))
+        m_r = o_r < GROUP
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LRD))
+        base = ((i_b * H + i_h) * GROUP + o_r) * n_part
+        m = gl.full([BLOCK_G], float("-inf"), gl.float32, gl.SliceLayout(1, LRC))
+        l = gl.zeros([BLOCK_G], gl.float32, gl.SliceLayout(1, LRC))
+        acc = gl.zeros([BLOCK_G, D], gl.float32, LRD)
+        for s0 in range(0, n_part, CHUNK):
+            o_s = s0 + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, LRC))
+            m_s = m_r[:, None] & (o_s < n_part)[None, :]
+            o_p = base[:, None] + o_s[None, :]
+            b_lse = gl.load(part_lse_ptr + o_p, mask=m_s, other=float("-inf"), cache_modifier=".cg")
+            p3 = part_o_ptr + gl.expand_dims(o_p, 2) * D + gl.expand_dims(gl.expand_dims(o_d, 0), 1)
+            b_o = gl.load(p3, mask=gl.expand_dims(m_s, 2), other=0.0, cache_modifier=".cg")
+            m_new = gl.maximum(m, gl.max(b_lse, axis=1))
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m - m_ref)
+            w = gl.exp2(b_lse - m_ref[:, None])  # empty splits (lse = -inf) weigh 0
+            alpha_d = gl.convert_layout(alpha, gl.SliceLayout(1, LRD))
+            acc = acc * alpha_d[:, None] + gl.sum(gl.expand_dims(w, 2) * b_o, axis=1)
+            l = l * alpha + gl.sum(w, axis=1)
+            m = m_new
+        l_d = gl.convert_layout(l, gl.SliceLayout(1, LRD))
+        b_out = acc / gl.where(l_d > 0.0, l_d, 1.0)[:, None]
+        o_rd = gl.arange(0, BLOCK_G, layout=gl.SliceLayout(1, LRD))
+        p_out = out_ptr + i_b * stride_ob + (i_h * GROUP + o_rd)[:, None] * stride_oh + o_d[None, :]
+        gl.store(p_out, b_out.to(out_ptr.dtype.element_ty), mask=(o_rd < GROUP)[:, None])
+
+    @gluon.jit
     def _key_channel(p, D: gl.constexpr, BITS: gl.constexpr):
         """The channel at k position ``p`` of the dequantized key operand: p = e + 2t + 8(wi*HALF + i)
         holds channel t*D/4 + wi*CPW + e*HALF + i."""
@@ -693,8 +733,8 @@ if gl is not None:
     def _gluon_decode_stage1_kernel(
         qrot_ptr, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, stg_k_ptr, stg_v_ptr, p2s_ptr, kv_indptr_ptr,
         page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
-        q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, krot_ptr,
-        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, sm_scale_log2,
+        q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, krot_ptr, counter_ptr, out_ptr,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, sm_scale_log2,
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
@@ -702,6 +742,7 @@ if gl is not None:
         DIRECT: gl.constexpr = False, ROT_Q: gl.constexpr = False, WRITE: gl.constexpr = False,
         ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
+        MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -866,6 +907,18 @@ if gl is not None:
             o_c = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(1, MMA)), D, BITS)
             gl.store(part_o_ptr + o_part[None, :] * D + o_c[:, None], b_o, mask=(o_h < GROUP)[None, :])
         gl.store(part_lse_ptr + o_part, b_lse, mask=o_h < GROUP)
+        if MERGE:
+            # the merge, fused (ROT_OUT: the partials are in the model's basis): the last of the
+            # n_split + 1 programs of (b, h) to finish merges them (a release/acquire counter; the
+            # barrier makes every lane's partial stores part of the release) and resets the counter
+            # for the next launch (CUDA-graph replays included)
+            gl.thread_barrier()
+            o_cnt = counter_ptr + i_b * H + i_h
+            arrived = gl.atomic_add(o_cnt, 1, sem="acq_rel", scope="gpu")
+            if arrived == n_split:
+                _merge_heads(part_o_ptr, part_lse_ptr, out_ptr, i_b, i_h, n_split + 1, stride_ob, stride_oh, H, GROUP,
+                             BLOCK_G, D, CHUNK, LM)
+                gl.atomic_xchg(o_cnt, 0, sem="relaxed", scope="gpu")
 
 
 def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> dict[str, object]:
@@ -874,7 +927,8 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
     ``LK``: key pair domain ``[BLOCK_N, WPL, HALF, 4]``: lanes ``4g + t`` with t the last axis and g
     the token (rows g + 8r), the words and pairs of a lane in registers. ``LV``: value pair domain
     ``[WPLV, 2, HALF, 8, BLOCK_N/2]``: lanes with t the token-pair axis (pairs t + 4r) and g the 8-row
-    channel axis. ``MMA``: ``mma.sync`` m16n8 accumulators. ``LLOAD``: plain loads (queries, open page)."""
+    channel axis. ``MMA``: ``mma.sync`` m16n8 accumulators. ``LLOAD``: plain loads (queries, open page).
+    ``LM``: the fused merge's ``[heads, partials, D]`` block loads (4 channels per lane)."""
     d, w = head_dim, head_dim * bits // 32
     half = 16 // bits
     wpl, wplv = w // 4, w // 8
@@ -883,6 +937,7 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
         "LV": gl.BlockedLayout([wplv, 2, half, 1, 1], [1, 1, 1, 8, 4], [1, 1, 1, 1, 1], [4, 3, 2, 1, 0]),
         "MMA": gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]),
         "LLOAD": gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]),
+        "LM": gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, 1, 1], [2, 1, 0]),
     }
 
 
@@ -898,7 +953,9 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     parts, by kernel parameter name: ``q_ptr`` (the queries to rotate into ``q_rot``, or None when
     ``q_rot`` holds them rotated), ``new_k_ptr`` / ``new_v_ptr`` / ``new_loc_ptr`` /
     ``stg_scale_ptr`` (the write, or None), ``krot_ptr`` / ``KEY_MASK`` (``key_mask_arguments``),
-    ``ROTATE`` / ``LOG2D`` / ``INV_SQRT_D`` (``rotation_arguments``)."""
+    ``ROTATE`` / ``LOG2D`` / ``INV_SQRT_D`` (``rotation_arguments``), and for the merge in the launch
+    ``counter_ptr`` / ``out_ptr`` (``decode_workspace``'s counters, the output; absent: the caller
+    merges)."""
     var = gluon_variant(variant)
     reason = gluon_available(q_rot.device)
     if reason is not None:
@@ -911,8 +968,9 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     check_gluon_shape(bits=pool_args["BITS"], head_dim=d, k_group=pool_args["G_K"], v_group=pool_args["G_V"],
                       block_n=block_n, group=group)
     f = fused or {}
-    q, new_k = f.get("q_ptr"), f.get("new_k_ptr")
+    q, new_k, out = f.get("q_ptr"), f.get("new_k_ptr"), f.get("out_ptr")
     write = new_k is not None
+    block_g = max(1, 1 << (group - 1).bit_length())
     _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
         qrot_ptr=q_rot, kw_ptr=pool_args["kw_ptr"], kp_ptr=pool_args["kp_ptr"].view(torch.float16),
         vw_ptr=pool_args["vw_ptr"], vp_ptr=pool_args["vp_ptr"].view(torch.float16), scale_ptr=pool_args["scale_ptr"],
@@ -923,10 +981,12 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         q_ptr=q if q is not None else q_rot, new_k_ptr=new_k if write else q_rot,
         new_v_ptr=f["new_v_ptr"] if write else q_rot, new_loc_ptr=f["new_loc_ptr"] if write else seq_lens,
         stg_scale_ptr=f.get("stg_scale_ptr") if write and f.get("stg_scale_ptr") is not None else part_lse,
-        krot_ptr=f.get("krot_ptr", seq_lens),
+        krot_ptr=f.get("krot_ptr", seq_lens), counter_ptr=f["counter_ptr"] if out is not None else seq_lens,
+        out_ptr=out if out is not None else part_o,
         stride_qb=q.stride(0) if q is not None else 0, stride_qh=q.stride(1) if q is not None else 0,
         stride_kb=new_k.stride(0) if write else 0, stride_kh=new_k.stride(1) if write else 0,
         stride_vb=f["new_v_ptr"].stride(0) if write else 0, stride_vh=f["new_v_ptr"].stride(1) if write else 0,
+        stride_ob=out.stride(0) if out is not None else 0, stride_oh=out.stride(1) if out is not None else 0,
         sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
         BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
@@ -934,5 +994,6 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         ROT_Q=q is not None, WRITE=write, ROT_OUT=var.fused, ROTATE=bool(f.get("ROTATE", False)),
         LOG2D=f.get("LOG2D", d.bit_length() - 1), INV_SQRT_D=f.get("INV_SQRT_D", d ** -0.5),
         KEY_MASK=bool(f.get("KEY_MASK", False)), BLOCK_HK=max(1, 1 << (h - 1).bit_length()),
+        MERGE=out is not None, BLOCK_G=block_g, CHUNK=max(1, 2048 // (block_g * d)),
         num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
     )  # fmt: skip

@@ -36,8 +36,8 @@ SIGNATURE = {
     "stg_k_ptr": "*bf16", "stg_v_ptr": "*bf16", "p2s_ptr": "*i32", "kv_indptr_ptr": "*i32", "page_idx_ptr": "*i32",
     "seq_lens_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
     "q_ptr": "*bf16", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32",
-    "krot_ptr": "*i32", "stride_qb": "i32", "stride_qh": "i32", "stride_kb": "i32", "stride_kh": "i32", "stride_vb": "i32",
-    "stride_vh": "i32", "sm_scale_log2": "fp32",
+    "krot_ptr": "*i32", "counter_ptr": "*i32", "out_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "stride_kb": "i32",
+    "stride_kh": "i32", "stride_vb": "i32", "stride_vh": "i32", "stride_ob": "i32", "stride_oh": "i32", "sm_scale_log2": "fp32",
 }  # fmt: skip
 
 
@@ -47,12 +47,14 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     (``triton.compile``; no GPU needed)."""
     var = G.gluon_variant(variant)
     block_h = max(8, 1 << (group - 1).bit_length())
+    block_g = max(1, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
                  BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
-                 # a fused variant compiles the whole step (query rotation, write, rotated-back partials)
+                 # a fused variant compiles the whole step (query rotation, write, rotated-back partials, merge)
                  ROT_Q=var.fused, WRITE=var.fused, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
-                 INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h,
+                 INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h, MERGE=var.fused, BLOCK_G=block_g,
+                 CHUNK=max(1, 2048 // (block_g * d)),
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -170,8 +172,9 @@ def main() -> int:
                 sass = sass_of(ck.asm["cubin"])
                 print(f"{name}: {resources(ck.asm['cubin'])} (dynamic shared {ck.metadata.shared} B)")
                 for i, c in enumerate(loops(sass)):
-                    # the sealed-tile loop is the one that dequantizes (HFMA2); the other one is the open page
-                    what = "sealed-tile loop" if c["HFMA2"] else "open-page loop"
+                    # the sealed-tile loop is the one that dequantizes (HFMA2), the open-page one the one with
+                    # MMAs but no dequantization; a fused variant's merge has neither
+                    what = "sealed-tile loop" if c["HFMA2"] else "open-page loop" if c["HMMA"] else "merge loop"
                     print(f"  loop {i} ({what}, per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
                 if args.sass_dir:
                     args.sass_dir.mkdir(parents=True, exist_ok=True)

@@ -44,18 +44,21 @@ class _DT:
 
 
 class Ptr:
-    """A pointer: a flat numpy array and element offsets (a scalar or an array)."""
+    """A pointer: a flat numpy array and element offsets (a scalar or an array); ``dtype`` names
+    the element type the kernel sees (``bfloat16`` for a float32 array standing in for bf16)."""
 
-    def __init__(self, arr, off=0):
+    def __init__(self, arr, off=0, dtype=None):
         self.arr, self.off = arr, off
+        self.dtype = types.SimpleNamespace(element_ty=_DT(dtype or {np.float32: "float32", np.int32: "int32",
+                                                                   np.int64: "int64"}.get(arr.dtype.type, "float32")))
 
     def __add__(self, o):
-        return Ptr(self.arr, self.off + (o.a if isinstance(o, T) else o))
+        return Ptr(self.arr, self.off + (o.a if isinstance(o, T) else o), self.dtype.element_ty.name)
 
     __radd__ = __add__
 
     def __sub__(self, o):
-        return Ptr(self.arr, self.off - (o.a if isinstance(o, T) else o))
+        return Ptr(self.arr, self.off - (o.a if isinstance(o, T) else o), self.dtype.element_ty.name)
 
 
 class T:
@@ -147,7 +150,7 @@ def make_gl(ctx):
     gl.exp2 = lambda x: T(np.exp2(_a(x)).astype(np.float32))
     gl.log2 = lambda x: T(np.log2(_a(x)).astype(np.float32))
 
-    def load(p, mask=None, other=0):
+    def load(p, mask=None, other=0, cache_modifier=""):
         off = _a(p.off)
         if mask is None:
             return T(p.arr[off])
@@ -161,6 +164,18 @@ def make_gl(ctx):
         p.arr[off[m]] = v[m]
 
     gl.load, gl.store = load, store
+
+    def atomic_add(p, v, sem=None, scope=None):  # the programs run one after the other
+        old = p.arr[_a(p.off)].copy()
+        p.arr[_a(p.off)] += v
+        return T(old)
+
+    def atomic_xchg(p, v, sem=None, scope=None):
+        old = p.arr[_a(p.off)].copy()
+        p.arr[_a(p.off)] = v
+        return T(old)
+
+    gl.atomic_add, gl.atomic_xchg = atomic_add, atomic_xchg
 
     def inline_asm_elementwise(asm, constraints, args, dtype, is_pure, pack):
         args = [_a(x) for x in args]
@@ -244,7 +259,7 @@ def kernel_functions(ctx):
     g["_PAIR_ASM"] = G._PAIR_ASM.value
     names = ["_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_staging_tile", "_staging_tile_direct", "_fwht_rows", "_rotated_rows",
-             "_fused_write", "_key_channel",
+             "_fused_write", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
         fn = getattr(G, n).fn
@@ -257,8 +272,9 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
     partials (and, with ``fused``, the rotated queries into ``q_rot``, the staging pages and token
     scales the fused write stores) copied back. ``fused`` (a ``fused`` variant): ``q`` (None: ``q_rot``
     holds the rotated queries), ``new_k`` / ``new_v`` / ``new_loc`` / ``staging_scale`` (None: no
-    write), ``key_rotated`` (the layer's flags or None), ``rotation``. ``variant``: a name of
-    ``GLUON_VARIANTS`` or a ``GluonVariant``."""
+    write), ``key_rotated`` (the layer's flags or None), ``rotation``, ``out`` (the merge in the
+    launch, into this tensor; absent: the caller merges). ``variant``: a name of ``GLUON_VARIANTS``
+    or a ``GluonVariant``."""
     var = variant if isinstance(variant, G.GluonVariant) else G.gluon_variant(variant)
     args = kdecode.named_pool_arguments(pool.layer)
     b, hq, d = q_rot.shape
@@ -287,16 +303,24 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
     write = new_k is not None
     stg_s = flat(f["staging_scale"]).copy() if write and f.get("staging_scale") is not None else np.zeros(1, np.float32)
     krot = f.get("key_rotated")
+    out = f.get("out")
+    counters = np.zeros(b * h, np.int32)
+    out_np = np.full(out.numel(), np.nan, np.float32) if out is not None else None
     rotate = kdecode.rotation_arguments(d, bool(f.get("rotation", False)))
     extra = dict(
         q_ptr=Ptr(flat(q)) if q is not None else Ptr(qr), new_k_ptr=Ptr(flat(new_k)) if write else Ptr(qr),
         new_v_ptr=Ptr(flat(new_v)) if write else Ptr(qr), new_loc_ptr=Ptr(flat(f["new_loc"])) if write else Ptr(qr),
         stg_scale_ptr=Ptr(stg_s), krot_ptr=Ptr(flat(krot)) if krot is not None else Ptr(np.ones(h, np.int32)),
+        counter_ptr=Ptr(counters), out_ptr=Ptr(out_np if out is not None else po,
+                                               dtype=str(out.dtype).split(".")[-1] if out is not None else None),
+        stride_ob=out.stride(0) if out is not None else 0, stride_oh=out.stride(1) if out is not None else 0,
         stride_qb=q.stride(0) if q is not None else 0, stride_qh=q.stride(1) if q is not None else 0,
         stride_kb=new_k.stride(0) if write else 0, stride_kh=new_k.stride(1) if write else 0,
         stride_vb=new_v.stride(0) if write else 0, stride_vh=new_v.stride(1) if write else 0,
         ROT_Q=q is not None, WRITE=write, ROT_OUT=var.fused, KEY_MASK=krot is not None and rotate["ROTATE"],
-        BLOCK_HK=max(1, 1 << (h - 1).bit_length()), **rotate,
+        BLOCK_HK=max(1, 1 << (h - 1).bit_length()), MERGE=out is not None,
+        BLOCK_G=max(1, 1 << (group - 1).bit_length()), CHUNK=max(1, 2048 // (max(1, 1 << (group - 1).bit_length()) * d)),
+        LM=None, **rotate,
     )  # fmt: skip
     block_h = max(8, 1 << (group - 1).bit_length())
     for ib in range(b):
@@ -315,11 +339,21 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
     part_lse.copy_(torch.from_numpy(pl).view(part_lse.shape))
     if q is not None:
         q_rot.copy_(torch.from_numpy(qr).view(q_rot.shape))
+    if out is not None:
+        assert not counters.any(), "the fused merge left a counter set"
+        out.copy_(torch.from_numpy(out_np).view(out.shape).to(out.dtype))
     if write:
         pool.layer.staging_k.copy_(torch.from_numpy(stg_k).view(pool.layer.staging_k.shape).bfloat16())
         pool.layer.staging_v.copy_(torch.from_numpy(stg_v).view(pool.layer.staging_v.shape).bfloat16())
         if f.get("staging_scale") is not None:
             f["staging_scale"].copy_(torch.from_numpy(stg_s).view(f["staging_scale"].shape))
+
+
+def _merge_in_launch(n_split, group, d):
+    """The launcher's rule (``oscar_decode_attention``): a fused variant merges in its launch when
+    the Triton step would fuse its merge (few splits)."""
+    cap = max(1, min(64, 4096 // ((1 << (group - 1).bit_length()) * d)))
+    return n_split + 1 <= 2 * cap
 
 
 def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1"):
@@ -334,10 +368,12 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
     q_rot = oscar_rotate_q(q=q, rotation=cfg.rotation)
     part_o, part_lse, _, _ = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
     fused = G.gluon_variant(variant).fused  # partials rotated back in the launch: the plain merge
+    out = torch.full(q.shape, float("nan"))
+    merge_in = fused and _merge_in_launch(n_split, g, d)
     run_stage1(pool, q_rot, g, part_o, part_lse, block_n, min(p, 32), sm, variant=variant,
-               fused={"rotation": cfg.rotation} if fused else None)
-    out = torch.empty(q.shape)
-    kdecode.merge_launch(part_o, part_lse, out, rotation=cfg.rotation and not fused)
+               fused={"rotation": cfg.rotation, **({"out": out} if merge_in else {})} if fused else None)
+    if not merge_in:
+        kdecode.merge_launch(part_o, part_lse, out, rotation=cfg.rotation and not fused)
     err = rel_rms(out, reference_decode(pool, q, sm))
     # today's Triton kernel on the same pool and splits (Triton's CPU interpreter)
     from oscar_sgl.kernels import oscar_decode_attention
@@ -351,14 +387,15 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
     return err, agree
 
 
-def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 64), h=8, g=4):
+def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 64), h=8, g=4, merge=None):
     """A whole decode step of a ``fused`` variant (its query rotation, the new token's write and the
     partials rotated back, then the plain merge) against the fused Triton step (Triton's
     interpreter) on copies of one pool: the staged keys and values (bits), the token scales (max
     relative difference) and the outputs (relative RMS); and against the same variant unfused (the
     write launch with the query rotation, the stage 1 on rotated queries, the rotating merge), which
     rounds exactly as it does but for the merge's order. The last request is padding (its token goes
-    to page 0, which has no staging slot). Returns (staging equal, s_t max rel. diff, output rel.
+    to page 0, which has no staging slot). ``merge``: the merge in the launch (None: the launcher's
+    rule). Returns (staging equal, s_t max rel. diff, output rel.
     RMS vs the Triton step, vs the unfused path)."""
     from oscar_sgl.kernels import oscar_decode_attention, oscar_write_kv
 
@@ -383,11 +420,13 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
                                  out=torch.empty(q.shape), _tuning=tune)  # fmt: skip
     part_o, part_lse, _, q_scratch = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
     pool.seq_lens = seq_lens
+    out = torch.full(q.shape, float("nan"))
+    merge_in = _merge_in_launch(n_split, g, d) if merge is None else merge
     run_stage1(pool, q_scratch, g, part_o, part_lse, tune.block_n, min(p, 32), sm, variant=variant,
                fused={"q": q, "new_k": k_new, "new_v": v_new, "new_loc": loc, "staging_scale": pool.staging_scale,
-                      "key_rotated": pool.layer.key_rotated, "rotation": cfg.rotation})
-    out = torch.empty(q.shape)
-    kdecode.merge_launch(part_o, part_lse, out)
+                      "key_rotated": pool.layer.key_rotated, "rotation": cfg.rotation, **({"out": out} if merge_in else {})})
+    if not merge_in:
+        kdecode.merge_launch(part_o, part_lse, out)
     # the same streaming unfused: the write launch (+ query rotation), stage 1, the rotating merge
     un, lay = pools[2], pools[2].layer
     un.seq_lens = seq_lens
