@@ -284,7 +284,7 @@ def test_decode_sliding_window(bits, d, group, p, splits, nan_empty):
     n - 1 - window_left .. n - 1 only. Windows inside the open page, across sealed pages, on a tile
     boundary and past the start; the transposed (head_dim 64) and plain (256) forms; a request
     whose last page is sealed (the packed last-page path); and the same launch without the window
-    is another answer."""
+    is another answer. (The Gluon stage 1's windows: tests/test_kernels_decode_gluon.py.)"""
     h = 2 if d < 256 else 1
     # INT2: the default (page-grid) format, and the paper's at half the GQA ratios
     cfg = OscarConfig(bits=bits, page_size=p, **(PAPER_FORMAT if bits == 2 and group in (1, 4) else {}))
@@ -302,8 +302,6 @@ def test_decode_sliding_window(bits, d, group, p, splits, nan_empty):
             assert rel_rms(full[2:], out[2:]) > 0.05, f"window {window} changed nothing"
         else:
             assert rel_rms(full[:2], out[:2]) < 1e-6
-    with pytest.raises(ValueError, match="Gluon stage 1 .* no sliding window"):
-        _decode(pool, q, window_left=4, tune=dict(gluon=True))
     with pytest.raises(TypeError, match="window_left must be an int"):
         _decode(pool, q, window_left=4.0)
 

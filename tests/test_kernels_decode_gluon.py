@@ -157,16 +157,26 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
     arithmetic, ``mma_v2`` a matmul, cp.async groups that land only at their wait), merged by the
     rotating merge launch: against the torch reference and the Triton kernel on the same pool and
     splits. Every distinct source path of ``GLUON_VARIANTS`` (register prefetch or not, cp.async
-    rings, folded keys, params paired at load, 16-token and direct open-page tiles): the addresses,
-    fragment channel maps, masks of a partly filled open page and the partials' contract are
+    rings, folded keys, params paired at load, 16-token and direct open-page tiles, the fused step),
+    also with sliding windows: the addresses, fragment channel maps, masks of a partly filled open
+    page and of a window, and the partials' contract are
     checked here, in CI; layouts and the compiled code only on a GPU (the ``gpu`` tests above)."""
     chk = _numpy_check_module()
-    bound_tri = 1e-5 if gluon_decode.GLUON_VARIANTS[variant].keys == "dequant" else 1e-3
+    var = gluon_decode.GLUON_VARIANTS[variant]
+    bound_tri = 1e-5 if var.keys == "dequant" else 1e-3
     for bits, (h, g, p, lens, sealed, scope, block_n, splits) in ((2, (2, 4, 128, [300, 128, 5], {1}, "layer", 32, 3)),
                                                                   (4, (1, 8, 64, [200, 64], {1}, "head", 16, 2))):
         err, agree = chk.check(bits, h, g, p, lens, sealed, scope, block_n, splits, bits, variant)
         assert err < ATTN_BOUND_FP32_OUT, f"{variant} INT{bits} vs reference: relative RMS {err:.2e}"
         assert agree < bound_tri, f"{variant} INT{bits} vs the Triton kernel: relative RMS {agree:.2e}"
+    # a sliding window (past a sealed page and a tile boundary, into the open page; a one-token request):
+    # where the open page dominates, 16-token open-page tiles round its probabilities against other maxima
+    same_open = var.staging_block is None and not var.direct_staging
+    for window in (5, 71):
+        err, agree = chk.check(2, 1, 4, 64, [1, 63, 3 * 64, 2 * 64 + 3, 4 * 64 + 5], {2}, "layer", 16, 3, 32, variant,
+                               window_left=window)
+        assert err < ATTN_BOUND_FP32_OUT, f"{variant} window {window} vs reference: relative RMS {err:.2e}"
+        assert agree < (bound_tri if same_open else 1e-3), f"{variant} window {window} vs Triton: {agree:.2e}"
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -306,6 +316,30 @@ def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, s
     assert not torch.isnan(out_g).any()
     err = rel_rms(out_g.float(), out_t.float())
     assert err < 1e-3, f"Gluon vs Triton step: relative RMS {err:.2e}"
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f"])
+def test_gluon_sliding_window(variant, bits, nan_empty):
+    """A sliding-window layer on the Gluon stage 1 (``window_left``): windows inside the open page,
+    across sealed pages, on a tile boundary and past the start, a request whose last page is
+    sealed, against the reference; the same launch without the window is another answer."""
+    p, h, g = 128, 2, 4
+    cfg = OscarConfig(bits=bits, page_size=p)
+    lens = [1, p - 1, 3 * p, 2 * p + 3, 4 * p + 5]
+    pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed={2}, device=torch.device("cuda"), seed=9 * bits)
+    q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
+    tune = dict(gluon_variant=variant, num_splits=3)
+    full = _decode(pool, q, gluon=True, out=torch.empty(q.shape, device="cuda"), tune=tune)
+    for window in (0, 5, p - 1, p + 7, 2 * p, 10 * p):
+        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), window_left=window,
+                      tune=tune)
+        err = rel_rms(out, reference_decode(pool, q, 1.0 / math.sqrt(128), window_left=window))
+        assert err < ATTN_BOUND_FP32_OUT, f"{variant} window {window}: relative RMS {err:.2e}"
+        if window < 2 * p:
+            assert rel_rms(full[2:], out[2:]) > 0.05, f"window {window} changed nothing"
 
 
 @gpu

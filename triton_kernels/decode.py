@@ -523,9 +523,6 @@ def oscar_decode_attention(
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     window = check_window(window_left)
     if tune.gluon:
-        if window is not None:
-            raise ValueError("the Gluon stage 1 (opt-in) has no sliding window: run a sliding-window layer "
-                             "(window_left) on the default Triton stage 1")
         if layer.k_ranges is not None:
             raise ValueError("the Gluon stage 1 (opt-in) reads fp16 key params: run page-grid key ranges "
                              "(key_ranges='page') on the default Triton stage 1")
@@ -571,7 +568,7 @@ def oscar_decode_attention(
                                          group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
                                          seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
                                          block_n=tune.block_n, block_t=tune.block_t, variant=tune.gluon_variant,
-                                         fused=fused)
+                                         fused=fused, window_left=window)
         if not merge_in:
             merge_launch(part_o, part_lse, out)
         return out
@@ -587,7 +584,7 @@ def oscar_decode_attention(
         gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=named_pool_arguments(layer), group=group, kv_indptr=kv_indptr,
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
                                          part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
-                                         variant=tune.gluon_variant)
+                                         variant=tune.gluon_variant, window_left=window)
         merge_launch(part_o, part_lse, out, rotation=layer.rotation)
         return out
     block_g = triton.next_power_of_2(group)

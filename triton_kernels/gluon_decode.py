@@ -404,9 +404,10 @@ if gl is not None:
     def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
                 LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
-                PACKED: gl.constexpr = False):
+                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
-        dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands."""
+        dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
+        tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer)."""
         HALF: gl.constexpr = 16 // BITS
         W: gl.constexpr = D * BITS // 32
         WPL: gl.constexpr = W // 4
@@ -450,6 +451,9 @@ if gl is not None:
             corr = gl.convert_layout(gl.sum(corr, axis=0), gl.SliceLayout(0, MMA))
             b_s = mma_v2(b_k, b_qs, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA)) + corr[None, :]
         b_s = b_s * (st * sm_scale_log2)[:, None]
+        if WINDOW:
+            o_tok = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+            b_s = gl.where((o_tok >= lo)[:, None], b_s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         b_p = gl.exp2(b_s - m_new[None, :])
@@ -488,9 +492,10 @@ if gl is not None:
     @gluon.jit
     def _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr, sm_scale_log2,
                       H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, BLOCK_T: gl.constexpr,
-                      BLOCK_H: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr):
-        """Tokens ``[t0, t0 + BLOCK_T)`` (those below ``n_valid``) of an open page, BF16 from staging
-        slot ``stg``: plain loads converted to the operand layouts (one page per request)."""
+                      BLOCK_H: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr, kv_lo=0,
+                      WINDOW: gl.constexpr = False):
+        """Tokens ``[t0, t0 + BLOCK_T)`` (those in ``[kv_lo, n_valid)``) of an open page, BF16 from
+        staging slot ``stg``: plain loads converted to the operand layouts (one page per request)."""
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         base = (stg * H + i_h) * P * D
@@ -501,7 +506,10 @@ if gl is not None:
         b_k = gl.load(stg_k_ptr + base + o_t[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
         b_s = mma_v2(gl.convert_layout(b_k, A_OP), b_qb, gl.zeros([BLOCK_T, BLOCK_H], gl.float32, MMA))
         o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
-        b_s = gl.where((o_tm < n_valid)[:, None], b_s * sm_scale_log2, float("-inf"))
+        m_tok = o_tm < n_valid
+        if WINDOW:
+            m_tok = m_tok & (o_tm >= kv_lo)
+        b_s = gl.where(m_tok[:, None], b_s * sm_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         b_p = gl.exp2(b_s - m_new[None, :])
@@ -519,7 +527,7 @@ if gl is not None:
     def _staging_tile_direct(b_qk, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr, sm_scale_log2,
                              H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr,
                              BLOCK_T: gl.constexpr, BLOCK_H: gl.constexpr, MMA: gl.constexpr, LK: gl.constexpr,
-                             LV: gl.constexpr):
+                             LV: gl.constexpr, kv_lo=0, WINDOW: gl.constexpr = False):
         """``_staging_tile`` with every lane loading the BF16 elements its operand registers hold, in
         the sealed tiles' pair domains (``LK``, ``LV``): keys in ``_key_channel`` order (``b_qk``: the
         query in that order), values in ``_value_channel`` order (the accumulator's rows), so the
@@ -555,7 +563,10 @@ if gl is not None:
         b_k = gl.convert_layout(gl.reshape(gl.join(k_lo, k_hi), [BLOCK_T, D]), A_OP, assert_trivial=True)
         b_s = mma_v2(b_k, b_qk, gl.zeros([BLOCK_T, BLOCK_H], gl.float32, MMA))
         o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
-        b_s = gl.where((o_tm < n_valid)[:, None], b_s * sm_scale_log2, float("-inf"))
+        m_tok = o_tm < n_valid
+        if WINDOW:
+            m_tok = m_tok & (o_tm >= kv_lo)
+        b_s = gl.where(m_tok[:, None], b_s * sm_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         b_p = gl.exp2(b_s - m_new[None, :])
@@ -734,7 +745,7 @@ if gl is not None:
         qrot_ptr, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, stg_k_ptr, stg_v_ptr, p2s_ptr, kv_indptr_ptr,
         page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
         q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, krot_ptr, counter_ptr, out_ptr,
-        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, sm_scale_log2,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, sm_scale_log2, window_left,
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
@@ -743,6 +754,7 @@ if gl is not None:
         ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
+        WINDOW: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -787,10 +799,20 @@ if gl is not None:
         q_row = ((i_b * H + i_h) * GROUP + o_n) * D
         m_n = (o_n < GROUP)[None, :]
 
+        # WINDOW (a sliding-window layer): the query sees positions lo .. seq_len - 1 only; the sealed
+        # tiles below lo's tile are skipped, and the tokens below lo of the tile holding it masked
+        lo = 0
+        if WINDOW:
+            lo = gl.maximum(seq_len - 1 - window_left, 0)
         if i_s < n_split:
             n_tiles = (n_pages - 1) * TPP
-            per = (n_tiles + n_split - 1) // n_split
-            t_lo = i_s * per
+            if WINDOW:
+                t_first = lo // BLOCK_N
+                per = (gl.maximum(n_tiles - t_first, 0) + n_split - 1) // n_split
+                t_lo = t_first + i_s * per
+            else:
+                per = (n_tiles + n_split - 1) // n_split
+                t_lo = i_s * per
             t_hi = gl.minimum(t_lo + per, n_tiles)
         else:
             page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
@@ -802,19 +824,24 @@ if gl is not None:
                 else:
                     b_qb = gl.load(qrot_ptr + q_row[None, :] + o_p[:, None], mask=m_n, other=0.0)
                 b_qb = gl.convert_layout(b_qb.to(gl.bfloat16), B_OP)
-                for t0 in range(0, n_valid, BLOCK_T):
+                t_min = 0
+                if WINDOW:
+                    t_min = gl.maximum(lo - (n_pages - 1) * P, 0)  # the first token of the page in the window
+                for t0 in range(t_min // BLOCK_T * BLOCK_T, n_valid, BLOCK_T):
                     if DIRECT:
                         m_i, l_i, acc = _staging_tile_direct(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr,
                                                              stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H,
-                                                             MMA, LK, LV)
+                                                             MMA, LK, LV, t_min, WINDOW)
                     else:
                         m_i, l_i, acc = _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr,
                                                       stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA,
-                                                      LLOAD)
+                                                      LLOAD, t_min, WINDOW)
                 t_lo = 0
                 t_hi = 0
             else:
                 t_lo = (n_pages - 1) * TPP
+                if WINDOW:
+                    t_lo = gl.maximum(t_lo, lo // BLOCK_N)
                 t_hi = n_pages * TPP
 
         # sealed tiles [t_lo, t_hi): the loads of tile it + 1 are issued before tile it's math
@@ -830,7 +857,8 @@ if gl is not None:
                     page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
-                                        acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED)
+                                        acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
+                                        it * BLOCK_N, lo, WINDOW)
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
@@ -843,7 +871,8 @@ if gl is not None:
                                       scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
-                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED)
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
+                                            it * BLOCK_N, lo, WINDOW)
                     raw = raw_n
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32
@@ -882,7 +911,8 @@ if gl is not None:
                                           S, BLOCK_N, LV, LS)
                     st, vs0, vs1, vo0, vo1 = small
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
-                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS)
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, False,
+                                            it * BLOCK_N, lo, WINDOW)
                     small = small_n
                 async_copy.wait_group(0)
 
@@ -944,7 +974,8 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
 def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], group: int, kv_indptr: torch.Tensor,
                         kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
                         part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int,
-                        variant: str = DEFAULT_GLUON_VARIANT, fused: dict[str, object] | None = None) -> None:
+                        variant: str = DEFAULT_GLUON_VARIANT, fused: dict[str, object] | None = None,
+                        window_left: int | None = None) -> None:
     """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
     page): partials and log-sum-exps into ``part_o`` / ``part_lse``, in the rotated basis unless
     ``fused`` (then in the model's: the plain merge launch follows). The caller
@@ -955,7 +986,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     ``stg_scale_ptr`` (the write, or None), ``krot_ptr`` / ``KEY_MASK`` (``key_mask_arguments``),
     ``ROTATE`` / ``LOG2D`` / ``INV_SQRT_D`` (``rotation_arguments``), and for the merge in the launch
     ``counter_ptr`` / ``out_ptr`` (``decode_workspace``'s counters, the output; absent: the caller
-    merges)."""
+    merges). ``window_left``: a sliding-window layer's window (``check_window``'s), or None."""
     var = gluon_variant(variant)
     reason = gluon_available(q_rot.device)
     if reason is not None:
@@ -987,7 +1018,8 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         stride_kb=new_k.stride(0) if write else 0, stride_kh=new_k.stride(1) if write else 0,
         stride_vb=f["new_v_ptr"].stride(0) if write else 0, stride_vh=f["new_v_ptr"].stride(1) if write else 0,
         stride_ob=out.stride(0) if out is not None else 0, stride_oh=out.stride(1) if out is not None else 0,
-        sm_scale_log2=sm_scale * math.log2(math.e), H=h, GROUP=group, BLOCK_H=block_h, D=d,
+        sm_scale_log2=sm_scale * math.log2(math.e), window_left=window_left if window_left is not None else 0,
+        WINDOW=window_left is not None, H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
         BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
         **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),

@@ -38,11 +38,12 @@ SIGNATURE = {
     "q_ptr": "*bf16", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32",
     "krot_ptr": "*i32", "counter_ptr": "*i32", "out_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "stride_kb": "i32",
     "stride_kh": "i32", "stride_vb": "i32", "stride_vh": "i32", "stride_ob": "i32", "stride_oh": "i32", "sm_scale_log2": "fp32",
+    "window_left": "i32",
 }  # fmt: skip
 
 
 def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
-                   v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1"):
+                   v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1", window: bool = False):
     """The Gluon stage 1 (``variant``: a key of ``GLUON_VARIANTS``) compiled for sm_90
     (``triton.compile``; no GPU needed)."""
     var = G.gluon_variant(variant)
@@ -54,7 +55,7 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
                  # a fused variant compiles the whole step (query rotation, write, rotated-back partials, merge)
                  ROT_Q=var.fused, WRITE=var.fused, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h, MERGE=var.fused, BLOCK_G=block_g,
-                 CHUNK=max(1, 2048 // (block_g * d)),
+                 CHUNK=max(1, 2048 // (block_g * d)), WINDOW=window,
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -142,6 +143,7 @@ def main() -> int:
     ap.add_argument("--variants", default="regs1", help="comma-separated keys of GLUON_VARIANTS, or 'all' (default: regs1)")
     ap.add_argument("--block-n", default="16,32", help="tile sizes to compile (default 16,32)")
     ap.add_argument("--groups", default="4,8", help="GQA groups to compile (default 4,8)")
+    ap.add_argument("--window", action="store_true", help="compile the sliding-window form (WINDOW)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     reason = G.gluon_available()
@@ -164,7 +166,7 @@ def main() -> int:
             if True:
                 name = f"{variant}_int{bits}_bn{block_n}_g{group}"
                 try:
-                    ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant)
+                    ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant, window=args.window)
                 except Exception as exc:  # noqa: BLE001 - report every variant
                     print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
                     rc = 1

@@ -267,14 +267,15 @@ def kernel_functions(ctx):
     return g
 
 
-def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, variant="regs1", fused=None):
+def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, variant="regs1", fused=None,
+               window_left=None):
     """Every program of the Gluon stage 1, one after the other, on numpy copies of the pool; the
     partials (and, with ``fused``, the rotated queries into ``q_rot``, the staging pages and token
     scales the fused write stores) copied back. ``fused`` (a ``fused`` variant): ``q`` (None: ``q_rot``
     holds the rotated queries), ``new_k`` / ``new_v`` / ``new_loc`` / ``staging_scale`` (None: no
     write), ``key_rotated`` (the layer's flags or None), ``rotation``, ``out`` (the merge in the
     launch, into this tensor; absent: the caller merges). ``variant``: a name of ``GLUON_VARIANTS``
-    or a ``GluonVariant``."""
+    or a ``GluonVariant``. ``window_left``: a sliding-window layer's window, or None."""
     var = variant if isinstance(variant, G.GluonVariant) else G.gluon_variant(variant)
     args = kdecode.named_pool_arguments(pool.layer)
     b, hq, d = q_rot.shape
@@ -329,7 +330,8 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
                 ctx["pid"] = (ib, ih, isp)
                 fns["async_copy"].wait_group(0)  # a fresh program: no copy of the last one pending
                 fns["_gluon_decode_stage1_kernel"](
-                    *ptrs, **extra, sm_scale_log2=np.float32(sm_scale * math.log2(math.e)), H=h, GROUP=group,
+                    *ptrs, **extra, sm_scale_log2=np.float32(sm_scale * math.log2(math.e)),
+                    window_left=np.int32(window_left or 0), WINDOW=window_left is not None, H=h, GROUP=group,
                     BLOCK_H=block_h, D=d, BITS=args["BITS"], P=args["P"], G_K=args["G_K"], G_V=args["G_V"],
                     S=args["S"], BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, LK=None, LV=None, MMA=None,
                     LLOAD=None, **var.constexprs(),
@@ -356,7 +358,7 @@ def _merge_in_launch(n_split, group, d):
     return n_split + 1 <= 2 * cap
 
 
-def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1"):
+def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1", window_left=None):
     d = 128
     cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **PAPER_FORMAT)  # the format the Gluon design reads
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
@@ -371,18 +373,21 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
     out = torch.full(q.shape, float("nan"))
     merge_in = fused and _merge_in_launch(n_split, g, d)
     run_stage1(pool, q_rot, g, part_o, part_lse, block_n, min(p, 32), sm, variant=variant,
-               fused={"rotation": cfg.rotation, **({"out": out} if merge_in else {})} if fused else None)
+               fused={"rotation": cfg.rotation, **({"out": out} if merge_in else {})} if fused else None,
+               window_left=window_left)
     if not merge_in:
         kdecode.merge_launch(part_o, part_lse, out, rotation=cfg.rotation and not fused)
-    err = rel_rms(out, reference_decode(pool, q, sm))
+    err = rel_rms(out, reference_decode(pool, q, sm, window_left=window_left))
     # today's Triton kernel on the same pool and splits (Triton's CPU interpreter)
     from oscar_sgl.kernels import oscar_decode_attention
 
     tune = dataclasses.replace(kdecode._default_tuning(len(lens), h, d, p), num_splits=n_split, block_n=block_n)
     tri = oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
-                                 seq_lens=pool.seq_lens, sm_scale=sm, out=torch.empty(q.shape), _tuning=tune)
+                                 seq_lens=pool.seq_lens, sm_scale=sm, out=torch.empty(q.shape), _tuning=tune,
+                                 window_left=window_left)
     agree = rel_rms(out, tri)
-    print(f"{variant} INT{bits} H={h} group={g} P={p} {scope} block_n={block_n} splits={n_split}: relative RMS vs reference {err:.2e}, "
+    print(f"{variant} INT{bits} H={h} group={g} P={p} {scope} block_n={block_n} splits={n_split}"
+          f"{'' if window_left is None else f' window {window_left}'}: relative RMS vs reference {err:.2e}, "
           f"vs the Triton kernel {agree:.2e}")
     return err, agree
 
@@ -462,6 +467,9 @@ def main() -> int:
             res.append(check(bits, 1, 8, 64, [200, 64], {1}, "head", 16, 2, bits + 10, v))
             if v != "regs1":  # splits of 1 and 2 tiles: shorter than the ring
                 res.append(check(bits, 1, 4, 64, [3 * 64 + 5, 64], {1}, "layer", 32, 3, bits + 20, v))
+            for window in (0, 5, 64 + 7, 150):  # inside the open page, across sealed pages and tiles
+                res.append(check(bits, 1, 4, 64, [1, 63, 3 * 64, 2 * 64 + 3, 4 * 64 + 5], {2}, "layer", 16, 3,
+                                 bits + 30, v, window_left=window))
     ref, agree = max(r for r, _ in res), max(a for _, a in res)
     print(f"worst: {ref:.2e} vs the reference (GPU tests' bound 5e-3), {agree:.2e} vs the Triton kernel (bound 1e-3)")
     steps = [check_step(bits, scope, flags, v) for v in variants if G.gluon_variant(v).fused
