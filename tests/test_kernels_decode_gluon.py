@@ -345,23 +345,31 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("variant", ["d16f", "dnp_r128f"])
-def test_gluon_fused_step_merges_in_the_launch(variant, nan_empty):
+@pytest.mark.parametrize("group", [1, 4, 16])
+def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the
-    Triton step does: one launch per step. Two steps on one workspace (the second finds the merge
-    counters reset by the first, as a CUDA-graph replay does) agree with the Triton step's output."""
+    Triton step does: one launch per step. With the write, against the Triton step; then steps on
+    one workspace whose partials are NaN again before each (a merge that read a partial before its
+    program stored it would show) and whose counters the previous step must have reset (as for a
+    CUDA-graph replay), each against the Triton kernel, with a bf16 output as the backend passes."""
     cfg = OscarConfig(bits=2, page_size=128)
     tune = dict(gluon_variant=variant, num_splits=3)
-    _, out_t = _step_with_write(cfg, gluon=False, tune=dict(num_splits=3))
-    pool, out_g = _step_with_write(cfg, gluon=True, tune=tune)
+    _, out_t = _step_with_write(cfg, gluon=False, g=group, tune=dict(num_splits=3))
+    pool, out_g = _step_with_write(cfg, gluon=True, g=group, tune=tune)
     assert not torch.isnan(out_g).any()
     assert rel_rms(out_g.float(), out_t.float()) < 1e-3
     b, hq, d = out_g.shape
     ws = kdecode.decode_workspace(b, hq, 8, d, 3, "cuda")
-    q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(5)).bfloat16().cuda()
-    outs = [_decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), workspace=ws, tune=tune)
-            for _ in range(2)]
-    assert torch.equal(outs[0], outs[1]) and not torch.isnan(outs[1]).any()
-    assert int(ws[2].abs().sum()) == 0, "the merge counters were not reset"
+    for seed in (5, 6, 7):
+        q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+        ws[0].fill_(float("nan"))
+        ws[1].fill_(float("nan"))
+        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda").bfloat16(), workspace=ws,
+                      tune=tune)
+        ref = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"), tune=dict(num_splits=3))
+        assert out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+        assert rel_rms(out.float(), ref) < ATTN_BOUND_BF16_OUT
+        assert int(ws[2].abs().sum()) == 0, "the merge counters were not reset"
 
 
 @gpu

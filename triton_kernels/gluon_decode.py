@@ -137,6 +137,9 @@ class GluonVariant:
         if self.packed and (self.stages or self.keys != "dequant"):
             raise ValueError("GluonVariant.packed pairs the params of the register path's dequantized keys "
                              "(stages 0, keys 'dequant')")
+        if self.fused and (self.stages or self.keys != "dequant"):
+            raise ValueError("GluonVariant.fused takes the step's other parts into the register path with dequantized "
+                             "keys (stages 0, keys 'dequant')")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -490,6 +493,21 @@ if gl is not None:
         return m_new, l_i, acc
 
     @gluon.jit
+    def _open_page_softmax(b_s, t0, n_valid, kv_lo, m_i, l_i, sm_scale_log2, BLOCK_T: gl.constexpr,
+                           MMA: gl.constexpr, WINDOW: gl.constexpr):
+        """The online-softmax step of an open-page tile's logits ``b_s`` ``[BLOCK_T, heads]``: tokens
+        at or past ``n_valid`` (and, WINDOW, below ``kv_lo``) masked. Returns (m_new, alpha, p, l)."""
+        o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
+        m_tok = o_tm < n_valid
+        if WINDOW:
+            m_tok = m_tok & (o_tm >= kv_lo)
+        b_s = gl.where(m_tok[:, None], b_s * sm_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
+        alpha = gl.exp2(m_i - m_new)
+        b_p = gl.exp2(b_s - m_new[None, :])
+        return m_new, alpha, b_p, l_i * alpha + gl.sum(b_p, axis=0)
+
+    @gluon.jit
     def _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr, sm_scale_log2,
                       H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, BLOCK_T: gl.constexpr,
                       BLOCK_H: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr, kv_lo=0,
@@ -505,15 +523,7 @@ if gl is not None:
         m_t = o_t < n_valid
         b_k = gl.load(stg_k_ptr + base + o_t[:, None] * D + o_d[None, :], mask=m_t[:, None], other=0.0)
         b_s = mma_v2(gl.convert_layout(b_k, A_OP), b_qb, gl.zeros([BLOCK_T, BLOCK_H], gl.float32, MMA))
-        o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
-        m_tok = o_tm < n_valid
-        if WINDOW:
-            m_tok = m_tok & (o_tm >= kv_lo)
-        b_s = gl.where(m_tok[:, None], b_s * sm_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
-        alpha = gl.exp2(m_i - m_new)
-        b_p = gl.exp2(b_s - m_new[None, :])
-        l_i = l_i * alpha + gl.sum(b_p, axis=0)
+        m_new, alpha, b_p, l_i = _open_page_softmax(b_s, t0, n_valid, kv_lo, m_i, l_i, sm_scale_log2, BLOCK_T, MMA, WINDOW)
         # values V^T [D, BLOCK_T] with rows in the accumulator's (value_channel) order
         o_r = gl.arange(0, D, layout=gl.SliceLayout(1, LLOAD))
         o_tc = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, LLOAD))
@@ -562,15 +572,7 @@ if gl is not None:
         k_hi = gl.load(stg_k_ptr + base + off_k + HALF, mask=m_k, other=0.0)
         b_k = gl.convert_layout(gl.reshape(gl.join(k_lo, k_hi), [BLOCK_T, D]), A_OP, assert_trivial=True)
         b_s = mma_v2(b_k, b_qk, gl.zeros([BLOCK_T, BLOCK_H], gl.float32, MMA))
-        o_tm = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, MMA))
-        m_tok = o_tm < n_valid
-        if WINDOW:
-            m_tok = m_tok & (o_tm >= kv_lo)
-        b_s = gl.where(m_tok[:, None], b_s * sm_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
-        alpha = gl.exp2(m_i - m_new)
-        b_p = gl.exp2(b_s - m_new[None, :])
-        l_i = l_i * alpha + gl.sum(b_p, axis=0)
+        m_new, alpha, b_p, l_i = _open_page_softmax(b_s, t0, n_valid, kv_lo, m_i, l_i, sm_scale_log2, BLOCK_T, MMA, WINDOW)
         # values V^T: [WPLV, 2, HALF, 8, NP] per token parity: channel g*D/8 + wv*CPW + hh*HALF + i of token 2tp (+1)
         LV_W: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
         LV_HH: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LV))))
