@@ -220,6 +220,8 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.GluonVariant("x", keys="fold", packed=True)
     with pytest.raises(ValueError, match="staging_block must be 16, 32 or None, got 8"):
         gluon_decode.GluonVariant("x", staging_block=8)
+    with pytest.raises(ValueError, match="fused takes the step's other parts into the register path"):
+        gluon_decode.GluonVariant("x", stages=2, fused=True)
     assert kdecode._DecodeTuning(32, 32, 1, True, 1.0).gluon_variant == "regs1"
 
 
