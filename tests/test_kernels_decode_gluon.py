@@ -182,9 +182,10 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @pytest.mark.parametrize("variant", [v for v in _source_paths() if gluon_decode.GLUON_VARIANTS[v].fused])
-@pytest.mark.parametrize("bits,scope,flags,merge", [(2, "layer", None, False), (4, "head", None, True),
-                                                    (2, "layer", (True, False) * 4, True)])
-def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, merge):
+@pytest.mark.parametrize("bits,scope,flags,merge,heads", [(2, "layer", None, False, 8), (4, "head", None, True, 8),
+                                                          (2, "layer", (True, False) * 4, True, 8),
+                                                          (2, "layer", (True, False) * 8, False, 16)])
+def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, merge, heads):
     """A whole step of a ``fused`` variant (the query rotation, the new token's write and the
     partials' inverse rotation inside the Gluon launch, then the plain merge), its source executed
     by the numpy stand-in: it stages exactly the keys and values the fused Triton step stages (the
@@ -192,9 +193,11 @@ def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, mer
     step's (1e-3, the GPU test's bound: 16-token open-page tiles round probabilities against other
     maxima) and with the same variant unfused (write launch, stage 1 on rotated queries, rotating
     merge) to 1e-6; also with a per-head key-rotation plan, and with the merge in the launch (the
-    last program of each (request, KV head) merges; its counters are left at zero).
+    last program of each (request, KV head) merges; its counters are left at zero), and with 16 KV
+    heads (the layer norm's rotation of every head's key in two chunks of 8).
     test_gluon_source_runs_right_on_the_cpu covers the fused variants' in-launch merge at few splits."""
-    same, st, err, err_unfused = _numpy_check_module().check_step(bits, scope, flags, variant, merge=merge)
+    kw = {} if heads == 8 else {"h": heads, "g": 2, "lens": (300, 97, 64)}
+    same, st, err, err_unfused = _numpy_check_module().check_step(bits, scope, flags, variant, merge=merge, **kw)
     assert same, "the fused write staged other bits than the Triton step's"
     assert st <= 2.4e-7, f"token scales differ by {st:.1e} (relative)"
     assert err < 1e-3, f"vs the Triton step: relative RMS {err:.2e}"

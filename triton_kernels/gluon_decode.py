@@ -669,15 +669,19 @@ if gl is not None:
             gl.store(stg_v_ptr + o_stg, b_v.to(gl.bfloat16))
             p_scale = stg_scale_ptr + (stg * P + slot) * S
             if S == 1:
-                if i_h == 0:  # the layer norm needs every head's rotated key
-                    o_h = gl.arange(0, BLOCK_HK, layout=gl.SliceLayout(1, LROW))
-                    m_h = o_h < H
-                    r_h = m_h
-                    if KEY_MASK:
-                        r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
-                    b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, BLOCK_HK,
-                                         ROTATE, INV_SQRT_D, KEY_MASK, LROW)
-                    b_s = gl.sqrt_rn(gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0))
+                if i_h == 0:  # the layer norm needs every head's rotated key, HC heads at a time (registers)
+                    HC: gl.constexpr = min(BLOCK_HK, 8)
+                    ss = gl.sum(gl.zeros([HC], gl.float32, gl.SliceLayout(1, LROW)), axis=0)
+                    for c in gl.static_range(BLOCK_HK // HC):
+                        o_h = c * HC + gl.arange(0, HC, layout=gl.SliceLayout(1, LROW))
+                        m_h = o_h < H
+                        r_h = m_h
+                        if KEY_MASK:
+                            r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
+                        b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, HC,
+                                             ROTATE, INV_SQRT_D, KEY_MASK, LROW)
+                        ss += gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0)
+                    b_s = gl.sqrt_rn(ss)
                     gl.store(p_scale, gl.where(b_s > 0.0, b_s, 1.0))
             elif S > 1:
                 b_s = gl.sqrt_rn(gl.sum(gl.sum(b_k * b_k, axis=1), axis=0))
