@@ -31,7 +31,7 @@ request but its last is sealed when decode runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -384,11 +384,11 @@ class _DecodeTuning:
             options ignored; the write with the query rotation (``oscar_write_kv``) and the merge
             with the inverse rotation are separate launches, except for the ``fused`` variants
             (the query rotation, the write and the partials' inverse rotation in the Gluon launch,
-            then the plain merge: two launches). Opt-in (tests and benchmarks): its
-            stage 1 is 1.01-1.25x the Triton stage 1 on an H200, but a whole step with the two
-            extra launches is 0.62-0.93x the fused Triton step at short contexts and only
-            1.03-1.22x at long ones (benches/results/kernels.md, "Gluon"), and the default cannot
-            depend on lengths (CUDA graphs).
+            then the plain merge: two launches, one with few splits). The default where
+            ``gluon_default_reason`` finds nothing against it (sm_90 with Triton 3.6's Gluon,
+            64-511 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
+            ``GLUON_DEFAULT_VARIANT``, measured on an H200 at 1.07-1.30x the fused Triton step
+            there, at 4K-64K tokens (benches/results/kernels_gluon_s21/). Elsewhere opt-in.
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
         merge_chunk: partials per block load of the fused merge; None: as many as ~4K fp32 of
@@ -418,8 +418,9 @@ def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int
 
     head_dim <= 128: one warp per program on 32-token tiles, the transposed form; ~16 programs per
     SM below 512 (request, KV head) pairs, balanced splits from 512 on (whole waves of the 8
-    one-warp programs of ~240 registers an SM holds, ``pick_num_splits(waves=None)``); the Triton stage 1 with the write and the merge fused (the Gluon stage 1 is opt-in,
-    ``_DecodeTuning.gluon``). Larger head dims keep the first version's
+    one-warp programs of ~240 registers an SM holds, ``pick_num_splits(waves=None)``); the Triton
+    stage 1 with the write and the merge fused (``_launch_tuning`` puts the Gluon stage 1 in its
+    place where ``gluon_default_reason`` allows, same splits). Larger head dims keep the first version's
     two warps on 64-token tiles and the plain form (not tuned on a GPU). The page size is a multiple
     of 32 (``oscar_sgl.supported``). Never depends on lengths: a launch replays in a CUDA graph."""
     block_t = min(page_size, 32 if head_dim <= 128 else 16)
@@ -435,6 +436,71 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
     batch size, never on lengths."""
     waves = _default_tuning(batch, num_kv_heads, head_dim, page_size).waves
     return pick_num_splits(batch, num_kv_heads, waves=waves)
+
+
+#: The Gluon stage-1 variant the default decode runs where ``gluon_default_reason`` allows it: no
+#: prefetch, params paired at load, 16-token open-page tiles loaded straight into the operand
+#: layouts and spread over the sealed splits, the write, the query rotation and the partials'
+#: inverse rotation (and with few splits the merge) in the launch, 128 registers (16 one-warp
+#: programs per SM). H200, Triton 3.6, whole steps (write included) against the fused Triton step:
+#: 1.07-1.08x at (8, 4096), 1.15-1.19x at (16, 8192), 1.16-1.21x at (8, 32768), 1.22-1.30x at
+#: (16, 65536) (benches/results/kernels_gluon_s21/step.md).
+GLUON_DEFAULT_VARIANT = "dnp_r128fs"
+#: The (request, KV head) pairs of a launch from which the default takes the Gluon stage 1 (below:
+#: single requests, where it was 0.90-1.07x the Triton step, and batches of < 8 at 8 KV heads,
+#: not measured) and up to which (balanced split counts from 512 on: not measured with Gluon).
+GLUON_DEFAULT_PAIRS = (64, 512)
+#: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
+GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
+
+
+def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim: int, bits: int, k_group: int,
+                         v_group: int, key_page: bool, block_n: int, device: torch.device,
+                         capability: tuple[int, int] | None = None) -> str | None:
+    """None when the default decode runs the Gluon stage 1 (``GLUON_DEFAULT_VARIANT``) for this
+    launch, else why it runs the Triton stage 1. Depends on the batch size, never on lengths (one
+    CUDA graph per batch size). ``capability``: the device's (tests; None: asked from ``device``)."""
+    import os
+
+    env = os.environ.get(GLUON_DEFAULT_ENV, "1")
+    if env not in ("0", "1"):
+        raise ValueError(f"{GLUON_DEFAULT_ENV} must be 0 (Triton stage 1 only) or 1 (the default rule), got {env!r}")
+    if env == "0":
+        return f"{GLUON_DEFAULT_ENV}=0"
+    pairs = batch * num_kv_heads
+    lo, hi = GLUON_DEFAULT_PAIRS
+    if not lo <= pairs < hi:
+        return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi - 1}, where it was measured faster"
+    if key_page:
+        return "page-grid key ranges (key_ranges='page') are read by the Triton stage 1 only"
+    try:
+        gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=block_n,
+                                       group=group)
+    except ValueError as exc:
+        return str(exc)
+    reason = gluon_decode.gluon_available(device if capability is None else None)
+    if reason is not None:
+        return reason
+    if capability is None:
+        if device.type != "cuda":
+            return f"device {device}"
+        capability = torch.cuda.get_device_capability(device)
+    if capability[0] != 9:
+        return f"sm_{capability[0]}{capability[1]}: the Gluon default was measured on sm_90 (H200) only"
+    return None
+
+
+def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int, *, group: int, bits: int,
+                   k_group: int, v_group: int, key_page: bool, device: torch.device) -> _DecodeTuning:
+    """The launcher's tuning when the caller passes none: ``_default_tuning``, with the Gluon stage 1
+    (``GLUON_DEFAULT_VARIANT``) where ``gluon_default_reason`` allows it. The split count is the
+    same either way (``decode_num_splits``)."""
+    tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
+    if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
+                            k_group=k_group, v_group=v_group, key_page=key_page, block_n=tune.block_n,
+                            device=device) is None:
+        return replace(tune, gluon=True, gluon_variant=GLUON_DEFAULT_VARIANT)
+    return tune
 
 
 def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
@@ -473,8 +539,10 @@ def oscar_decode_attention(
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
     with few splits the last program of each (request, KV head) merges them: one launch per layer
-    and step. With the opt-in Gluon stage 1 (``_tuning``), three: the write with the query
-    rotation, stage 1, the merge.
+    and step. On an sm_90 GPU with Triton 3.6, from 64 to 511 (request, KV head) pairs and the
+    formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
+    (``GLUON_DEFAULT_VARIANT``: the write, the query rotation and with few splits the merge in its
+    launch too, else a merge launch after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.
@@ -497,7 +565,7 @@ def oscar_decode_attention(
             query at position ``seq_len - 1`` sees positions ``seq_len - 1 - window_left ..`` only,
             the sealed tiles before them are skipped; None or negative: every position. A launch
             argument, not a compile-time one (one compiled kernel serves every window).
-        _tuning: tests and benchmarks only: a ``_DecodeTuning`` instead of ``_default_tuning``'s.
+        _tuning: tests and benchmarks only: a ``_DecodeTuning`` instead of ``_launch_tuning``'s.
     Returns:
         ``out``, the attention output in the model's basis.
     """
@@ -519,7 +587,11 @@ def oscar_decode_attention(
         new_strides = (new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1))
     if q_rot is not None:
         check_fp32_buffer("q_rot", q_rot, (b, hq, d))
-    tune = _default_tuning(b, h, d, p) if _tuning is None else _tuning
+    if _tuning is None:
+        tune = _launch_tuning(b, h, d, p, group=group, bits=layer.bits, k_group=layer.k_group, v_group=layer.v_group,
+                              key_page=layer.k_ranges is not None, device=q.device)
+    else:
+        tune = _tuning
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     window = check_window(window_left)
     if tune.gluon:

@@ -2,21 +2,23 @@
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
 On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
-pass against the torch reference; on the H200 the "regs1" variant (register prefetch, the default)
-is 1.01-1.25x the Triton stage 1 (benches/results/kernels_gluon_variants_dc03213/). It is opt-in
-(``decode._DecodeTuning.gluon``, tests and benchmarks): with the write and the merge as separate
-launches a whole decode step loses to the fused Triton step at short contexts (kernels.md, "Gluon");
+pass against the torch reference. Since session 21 the default decode runs the "dnp_r128fs"
+variant (``decode.GLUON_DEFAULT_VARIANT``) on sm_90 from 64 to 511 (request, KV head) pairs
+(``decode.gluon_default_reason``): whole steps 1.07-1.30x the fused Triton step on an H200 there
+(benches/results/kernels_gluon_s21/); elsewhere it is opt-in (``decode._DecodeTuning.gluon``, tests
+and benchmarks);
 ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed: register
 prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query), timed in
 the same sweep (none beat "regs1" at the default split count), and the low-register forms of session
 20 (16-token open-page tiles loaded straight into the operand layouts, params paired at load, no
-prefetch: 168-104 registers instead of 230; compiled for sm_90 and run through the numpy stand-in,
-not yet timed: kernels_gluon_design.md §9).
+prefetch: 168-104 registers instead of 230; kernels_gluon_design.md §9) and of session 21 (the open
+page spread over the sealed splits).
 
-Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, split
-``num_splits`` takes the last page, one normalized partial and log-sum-exp per (request, query
-head, split)), with three differences: one warp per program always; no fused write, query rotation
-or merge; the partials stay in the rotated basis (the merge launch rotates after the weighted sum,
+Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, one
+normalized partial and log-sum-exp per (request, query head, split); split ``num_splits`` takes
+the last page, or with ``spread_open`` only its last tile), with two differences: one warp per
+program always; unless the variant is ``fused``, no fused write, query rotation or merge, and the
+partials stay in the rotated basis (the merge launch rotates after the weighted sum,
 ``merge_launch(..., rotation=True)``).
 
 What the kernel controls that Triton does not let the portable kernel control: the register layout
@@ -102,6 +104,12 @@ class GluonVariant:
             (few splits: the last program of a (request, KV head) merges). False: the write (+ query
             rotation) and the
             rotating merge are launches of their own (sessions 9-19).
+        spread_open: the open page's tiles but the last (the one holding the new token) are read by
+            the sealed splits, the j-th tile by split ``num_splits - 1 - j`` (mod ``num_splits``: the
+            splits the ceiling division left shortest), instead of all by the last program: at short
+            contexts that program (up to P / staging_block tiles, one memory round trip each, after
+            the write) was the step's critical path (session 21, H200: the Gluon step lost 6-10 us
+            to the fused Triton step there). The partials' contract is unchanged.
     """
 
     name: str
@@ -113,6 +121,7 @@ class GluonVariant:
     staging_block: int | None = None
     direct_staging: bool = False
     fused: bool = False
+    spread_open: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -122,7 +131,7 @@ class GluonVariant:
     def constexprs(self) -> dict[str, object]:
         """The kernel's streaming constexprs for this variant (launcher, compile check, numpy check)."""
         return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch, "PACKED": self.packed,
-                "DIRECT": self.direct_staging}
+                "DIRECT": self.direct_staging, "SPREAD": self.spread_open}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -140,6 +149,9 @@ class GluonVariant:
         if self.fused and (self.stages or self.keys != "dequant"):
             raise ValueError("GluonVariant.fused takes the step's other parts into the register path with dequantized "
                              "keys (stages 0, keys 'dequant')")
+        if self.spread_open and (self.stages or self.keys != "dequant"):
+            raise ValueError("GluonVariant.spread_open spreads the open page over the register path's splits "
+                             "(stages 0, keys 'dequant')")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -169,6 +181,12 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("d16f", packed=True, staging_block=16, direct_staging=True, fused=True),
         GluonVariant("dnp_r128f", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True),
+        # session 21: the open page's tiles spread over the sealed splits (the last program keeps the
+        # new token's tile), so one program no longer reads the whole open page at short contexts
+        GluonVariant("d16fs", packed=True, staging_block=16, direct_staging=True, fused=True, spread_open=True),
+        GluonVariant("dnp_r128fs", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True),
+        GluonVariant("regs1s", spread_open=True),
     )
 }
 DEFAULT_GLUON_VARIANT = "regs1"
@@ -603,6 +621,30 @@ if gl is not None:
         return m_new, l_i, acc
 
     @gluon.jit
+    def _open_tiles(qrot_ptr, q_row, m_n, o_p, stg, i_h, t_start, t_stop, t_step, n_valid, m_i, l_i, acc, stg_k_ptr,
+                    stg_v_ptr, sm_scale_log2, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr,
+                    BLOCK_T: gl.constexpr, BLOCK_H: gl.constexpr, MMA: gl.constexpr, LK: gl.constexpr,
+                    LV: gl.constexpr, LLOAD: gl.constexpr, t_min, WINDOW: gl.constexpr, DIRECT: gl.constexpr):
+        """The open-page tiles at ``t_start, t_start + t_step, ..`` below ``t_stop`` (tokens of
+        ``[t_min, n_valid)``) of staging slot ``stg``, BF16, folded into the online-softmax state: the
+        query loaded as BF16 in the tiles' channel order first."""
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        if DIRECT:  # the query in the keys' channel order (as the sealed tiles'), BF16
+            b_qb = gl.load(qrot_ptr + q_row[None, :] + _key_channel(o_p, D, BITS)[:, None], mask=m_n, other=0.0)
+        else:
+            b_qb = gl.load(qrot_ptr + q_row[None, :] + o_p[:, None], mask=m_n, other=0.0)
+        b_qb = gl.convert_layout(b_qb.to(gl.bfloat16), B_OP)
+        for t0 in range(t_start, t_stop, t_step):
+            if DIRECT:
+                m_i, l_i, acc = _staging_tile_direct(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr,
+                                                     sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LK, LV,
+                                                     t_min, WINDOW)
+            else:
+                m_i, l_i, acc = _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr,
+                                              sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LLOAD, t_min, WINDOW)
+        return m_i, l_i, acc
+
+    @gluon.jit
     def _fwht_rows(x, ROWS: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr, SHIFT: gl.constexpr):
         """Unnormalized Sylvester butterfly over the last dim of an fp32 ``[ROWS, D]`` tensor: the
         additions of ``common.fwht_rows`` in the same order (so the same bits). Stage ``j`` pairs the
@@ -756,7 +798,7 @@ if gl is not None:
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
         STAGES: gl.constexpr, KEYS: gl.constexpr, PREFETCH: gl.constexpr = True, PACKED: gl.constexpr = False,
-        DIRECT: gl.constexpr = False, ROT_Q: gl.constexpr = False, WRITE: gl.constexpr = False,
+        DIRECT: gl.constexpr = False, SPREAD: gl.constexpr = False, ROT_Q: gl.constexpr = False, WRITE: gl.constexpr = False,
         ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
@@ -820,28 +862,39 @@ if gl is not None:
                 per = (n_tiles + n_split - 1) // n_split
                 t_lo = i_s * per
             t_hi = gl.minimum(t_lo + per, n_tiles)
+            if SPREAD:
+                # the open page's tiles but its last are spread over the sealed splits, the j-th to
+                # split n_split - 1 - j (mod n_split): the splits whose sealed ranges the ceiling
+                # division left shortest (the last program keeps the new token's tile)
+                page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
+                stg = gl.load(p2s_ptr + page).to(gl.int64)
+                if stg >= 0:
+                    n_valid = seq_len - (n_pages - 1) * P
+                    t_min = 0
+                    if WINDOW:
+                        t_min = gl.maximum(lo - (n_pages - 1) * P, 0)
+                    o_first = t_min // BLOCK_T
+                    o_last = (n_valid - 1) // BLOCK_T
+                    j0 = o_first + n_split - 1 - i_s
+                    if j0 < o_last:
+                        m_i, l_i, acc = _open_tiles(qrot_ptr, q_row, m_n, o_p, stg, i_h, j0 * BLOCK_T, o_last * BLOCK_T,
+                                                    n_split * BLOCK_T, n_valid, m_i, l_i, acc, stg_k_ptr, stg_v_ptr,
+                                                    sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LK, LV, LLOAD,
+                                                    t_min, WINDOW, DIRECT)
         else:
             page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
             stg = gl.load(p2s_ptr + page).to(gl.int64)
             if stg >= 0:
                 n_valid = seq_len - (n_pages - 1) * P
-                if DIRECT:  # the query in the keys' channel order (as the sealed tiles'), BF16
-                    b_qb = gl.load(qrot_ptr + q_row[None, :] + _key_channel(o_p, D, BITS)[:, None], mask=m_n, other=0.0)
-                else:
-                    b_qb = gl.load(qrot_ptr + q_row[None, :] + o_p[:, None], mask=m_n, other=0.0)
-                b_qb = gl.convert_layout(b_qb.to(gl.bfloat16), B_OP)
                 t_min = 0
                 if WINDOW:
                     t_min = gl.maximum(lo - (n_pages - 1) * P, 0)  # the first token of the page in the window
-                for t0 in range(t_min // BLOCK_T * BLOCK_T, n_valid, BLOCK_T):
-                    if DIRECT:
-                        m_i, l_i, acc = _staging_tile_direct(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr,
-                                                             stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H,
-                                                             MMA, LK, LV, t_min, WINDOW)
-                    else:
-                        m_i, l_i, acc = _staging_tile(b_qb, stg, i_h, t0, n_valid, m_i, l_i, acc, stg_k_ptr,
-                                                      stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA,
-                                                      LLOAD, t_min, WINDOW)
+                t_start = t_min // BLOCK_T * BLOCK_T
+                if SPREAD:  # the tile of the page's last token (the new one) only
+                    t_start = (n_valid - 1) // BLOCK_T * BLOCK_T
+                m_i, l_i, acc = _open_tiles(qrot_ptr, q_row, m_n, o_p, stg, i_h, t_start, n_valid, BLOCK_T, n_valid,
+                                            m_i, l_i, acc, stg_k_ptr, stg_v_ptr, sm_scale_log2, H, D, BITS, P, BLOCK_T,
+                                            BLOCK_H, MMA, LK, LV, LLOAD, t_min, WINDOW, DIRECT)
                 t_lo = 0
                 t_hi = 0
             else:

@@ -343,6 +343,13 @@ def gluon_markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def launcher_tuning(bits: int, batch: int, *, k_group: int, v_group: int, key_page: bool):
+    """What ``oscar_decode_attention`` runs without ``_tuning`` for this launch on this device
+    (``decode._launch_tuning``: the Triton stage 1, or the Gluon one where the default takes it)."""
+    return _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=bits, k_group=k_group, v_group=v_group,
+                               key_page=key_page, device=torch.device(DEV))
+
+
 def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras: bool = True) -> dict:
     probe = OscarSetup(bits, batch, ctx, 1)
     per_call = probe.kv_bytes()
@@ -355,15 +362,16 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
     default = _dec._default_tuning(batch, H, D, P)
     for bn, nw, ns, waves, mr, tr in variants:
         is_default = bn == 0
-        if is_default:  # the launcher's default configuration (what the backend runs)
-            tune = default
+        if is_default:  # the launcher's default configuration (what the backend runs: Gluon where it takes it)
+            tune = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
         else:
             tune = dataclasses.replace(default, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                        transposed=bool(tr))
         splits = _dec.pick_num_splits(batch, H, waves=tune.waves)
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         desc = {"block_n": tune.block_n, "num_warps": tune.num_warps, "num_stages": tune.num_stages, "waves": tune.waves,
-                "maxnreg": tune.maxnreg, "transposed": tune.transposed, "default": is_default}
+                "maxnreg": tune.maxnreg, "transposed": tune.transposed, "default": is_default,
+                "gluon": tune.gluon_variant if tune.gluon else None}
         try:
             st.call(0, tuning=tune, ws=ws)()
             torch.cuda.synchronize()
@@ -436,13 +444,13 @@ def bench_formats(bits: int, batch: int, ctx: int, budget: float) -> list[dict]:
     """The default decode launch (fused write, default tuning) over pools of each `FORMATS` entry,
     same shape, CUDA graphs over distinct copies: what page-grid key ranges cost or save."""
     rows = []
-    default = _dec._default_tuning(batch, H, D, P)
     for name, kg, vg, page in FORMATS:
+        default = launcher_tuning(bits, batch, k_group=kg, v_group=vg, key_page=page)
         st, ws, per_call, copies = _default_launch_setup(bits, batch, ctx, budget, default, k_group=kg, v_group=vg, key_page=page)
         t = time_calls([st.call(c, tuning=default, ws=ws) for c in range(copies)])
         eff = st.cfg.effective_bits(H, D)
         rows.append({"format": name, "k_group": kg, "v_group": vg, "key_page": page, "bits": bits, "batch": batch, "ctx": ctx,
-                     "effective_bits": eff, "kv_bytes": per_call, "copies": copies, "TBps": per_call / (t["us"] * 1e-6) / 1e12, **t})
+                     "stage1": f"gluon:{default.gluon_variant}" if default.gluon else "triton", "effective_bits": eff, "kv_bytes": per_call, "copies": copies, "TBps": per_call / (t["us"] * 1e-6) / 1e12, **t})
         log(f"    {name:28s} INT{bits} B={batch} ctx={ctx}: {t['us']:8.2f} us  {eff:.3f} b  {rows[-1]['TBps']:.2f} TB/s")
         del st
         torch.cuda.empty_cache()
@@ -933,7 +941,7 @@ def summarize(res: dict) -> list[dict]:
             dflt = [v["us"] for v in o.get("variants", []) if v.get("default") and "us" in v]
             row = {"batch": b, "ctx": ctx, "bits": bits, "oscar_us": best["us"], "oscar_TBps": best["TBps"],
                    "default_us": dflt[0] if dflt else None,
-                   "config": {k: best.get(k) for k in ("block_n", "num_warps", "num_stages", "num_splits", "maxnreg", "transposed")},
+                   "config": {k: best.get(k) for k in ("block_n", "num_warps", "num_stages", "num_splits", "maxnreg", "transposed", "gluon")},
                    "stream_only_us": (o.get("stream_only") or {}).get("us"), "stream_only_TBps": (o.get("stream_only") or {}).get("TBps"),
                    "sdpa_us": sd, "sglang_us": sg, "vs_sdpa": sd / best["us"] if sd else None,
                    "vs_sglang": sg / best["us"] if sg else None, "stage2_us": o.get("stage2_us"),
