@@ -13,7 +13,7 @@ from oscar_sgl import OscarConfig, supported
 from oscar_sgl.errors import OscarConfigError
 
 #: What every refusal starts with: the flag, the model property or the variable at fault.
-SUBJECT = re.compile(r"^(--[a-z0-9-]+|the model's |the value group |OSCAR_SGL_USE_KERNELS=)")
+SUBJECT = re.compile(r"^(--[a-z0-9-]+|the model's |the value group |OSCAR_SGL_USE_KERNELS=|OSCAR_SGL_GLUON_DECODE )")
 
 
 def _refusal(fn, *args, **kwargs) -> str:
@@ -75,6 +75,21 @@ def test_kernel_rules():
                     interpreting=False).startswith("--dtype must be bfloat16 or float16")
     assert "TRITON_INTERPRET=1" in _refusal(supported.check_kernel_device, device_type="cpu", dtype=torch.float32,
                                             interpreting=False)
+
+
+def test_the_gluon_decode_switch_is_checked_at_pool_build(monkeypatch):
+    """OSCAR_SGL_GLUON_DECODE: unset, 0 or 1; anything else is refused where the pool is built
+    (model load), naming the variable, not at the first decode step."""
+    from oscar_sgl.kernels import decode as kdecode
+
+    assert kdecode.GLUON_DEFAULT_ENV == "OSCAR_SGL_GLUON_DECODE"
+    for ok in ("0", "1"):
+        monkeypatch.setenv("OSCAR_SGL_GLUON_DECODE", ok)
+        supported.check_kernel_device(device_type="cuda", dtype=torch.bfloat16, interpreting=False)
+    for bad in ("", "true", "2"):
+        monkeypatch.setenv("OSCAR_SGL_GLUON_DECODE", bad)
+        assert "OSCAR_SGL_GLUON_DECODE must be 0" in _refusal(supported.check_kernel_device, device_type="cuda",
+                                                              dtype=torch.bfloat16, interpreting=False)
 
 
 def test_config_fields_and_layer_shape():

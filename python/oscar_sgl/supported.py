@@ -31,7 +31,7 @@ exit status 2.
 | causal decoder attention layers without logit soft-capping, attention sinks or other extra attention arguments | the kernels compute plain causal softmax attention (a sliding window is a launch argument) | `check_attention_layer` (backend build, every forward); sinks and extra arguments: the backend (build, every forward) |
 | KV heads divide across TP ranks; K and V head dims equal | whole heads per rank, one token scale per rank | `check_server_model` |
 | kernel path: head_dim*bits a whole number of 32-bit words; v_group a multiple of 32/bits; k_group >= 16; page size a multiple of 32 | the kernels' word loads and 32-token tiles | `check_kernel_shape` (pool build and every launch) |
-| kernel path: bf16/fp16 model on CUDA; on a CPU only under `TRITON_INTERPRET=1` | the kernels stage BF16; Triton needs a GPU or its interpreter | `check_kernel_device` (pool build) |
+| kernel path: bf16/fp16 model on CUDA; on a CPU only under `TRITON_INTERPRET=1`; `OSCAR_SGL_GLUON_DECODE` unset, 0 or 1 | the kernels stage BF16; Triton needs a GPU or its interpreter | `check_kernel_device` (pool build) |
 
 This module imports nothing from oscar_sgl but `errors`, and neither torch nor SGLang at import.
 """
@@ -375,4 +375,12 @@ def check_kernel_device(*, device_type: str, dtype: Any, interpreting: bool) -> 
         raise OscarConfigError(
             f"OSCAR_SGL_USE_KERNELS=1 on a {device_type} device needs TRITON_INTERPRET=1 (set before anything imports "
             "triton); unset OSCAR_SGL_USE_KERNELS for the torch reference path"
+        )
+    import os
+
+    gluon = os.environ.get("OSCAR_SGL_GLUON_DECODE", "1")
+    if gluon not in ("0", "1"):
+        raise OscarConfigError(
+            f"OSCAR_SGL_GLUON_DECODE must be 0 (decode on the Triton stage 1 only) or 1 (the default: the Gluon "
+            f"stage 1 where it was measured faster), got {gluon!r}"
         )
