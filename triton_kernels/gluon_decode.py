@@ -621,6 +621,18 @@ if gl is not None:
         return m_new, l_i, acc
 
     @gluon.jit
+    def _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P: gl.constexpr, WINDOW: gl.constexpr):
+        """The request's last page: ``(staging slot (-1: sealed), its tokens, the first of them in the
+        window)`` (WINDOW: ``lo`` the window's first position; else the first token, 0)."""
+        page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
+        stg = gl.load(p2s_ptr + page).to(gl.int64)
+        n_valid = seq_len - (n_pages - 1) * P
+        t_min = 0
+        if WINDOW:
+            t_min = gl.maximum(lo - (n_pages - 1) * P, 0)
+        return stg, n_valid, t_min
+
+    @gluon.jit
     def _open_tiles(qrot_ptr, q_row, m_n, o_p, stg, i_h, t_start, t_stop, t_step, n_valid, m_i, l_i, acc, stg_k_ptr,
                     stg_v_ptr, sm_scale_log2, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr,
                     BLOCK_T: gl.constexpr, BLOCK_H: gl.constexpr, MMA: gl.constexpr, LK: gl.constexpr,
@@ -866,13 +878,8 @@ if gl is not None:
                 # the open page's tiles but its last are spread over the sealed splits, the j-th to
                 # split n_split - 1 - j (mod n_split): the splits whose sealed ranges the ceiling
                 # division left shortest (the last program keeps the new token's tile)
-                page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
-                stg = gl.load(p2s_ptr + page).to(gl.int64)
+                stg, n_valid, t_min = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P, WINDOW)
                 if stg >= 0:
-                    n_valid = seq_len - (n_pages - 1) * P
-                    t_min = 0
-                    if WINDOW:
-                        t_min = gl.maximum(lo - (n_pages - 1) * P, 0)
                     o_first = t_min // BLOCK_T
                     o_last = (n_valid - 1) // BLOCK_T
                     j0 = o_first + n_split - 1 - i_s
@@ -882,13 +889,8 @@ if gl is not None:
                                                     sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LK, LV, LLOAD,
                                                     t_min, WINDOW, DIRECT)
         else:
-            page = gl.load(page_idx_ptr + kv_start + n_pages - 1).to(gl.int64)
-            stg = gl.load(p2s_ptr + page).to(gl.int64)
+            stg, n_valid, t_min = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P, WINDOW)
             if stg >= 0:
-                n_valid = seq_len - (n_pages - 1) * P
-                t_min = 0
-                if WINDOW:
-                    t_min = gl.maximum(lo - (n_pages - 1) * P, 0)  # the first token of the page in the window
                 t_start = t_min // BLOCK_T * BLOCK_T
                 if SPREAD:  # the tile of the page's last token (the new one) only
                     t_start = (n_valid - 1) // BLOCK_T * BLOCK_T
