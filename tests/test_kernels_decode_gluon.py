@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import types
 
 import pytest
 import torch
@@ -426,8 +427,9 @@ def test_the_gluon_default_rule(monkeypatch):
     assert reason(**_default_rule_args(batch=63, num_kv_heads=1, group=16)) is not None
     assert reason(**_default_rule_args(batch=16, num_kv_heads=4, group=8)) is None  # 64 pairs
     assert "56 (request, KV head) pairs" in reason(**_default_rule_args(batch=7))
-    assert "512 (request, KV head) pairs" in reason(**_default_rule_args(batch=64))
+    assert "1032 (request, KV head) pairs" in reason(**_default_rule_args(batch=129))
     assert reason(**_default_rule_args(batch=63)) is None
+    assert reason(**_default_rule_args(batch=128)) is None
     assert "page-grid" in reason(**_default_rule_args(key_page=True))
     assert "head_dim" in reason(**_default_rule_args(head_dim=64))
     assert "v_group" in reason(**_default_rule_args(v_group=8))
@@ -446,6 +448,24 @@ def test_the_gluon_default_rule(monkeypatch):
                                   device=torch.device("cpu"))
     assert tune == kdecode._default_tuning(8, 8, 128, 128) and not tune.gluon
     assert gluon_decode.gluon_variant(kdecode.GLUON_DEFAULT_VARIANT).fused
+    fmt = dict(k_group=32, v_group=32, key_page=False)
+    layer = types.SimpleNamespace(bits=2, k_ranges=None, **{k: v for k, v in fmt.items() if k != "key_page"})
+    for batch in (1, 8, 64, 128):
+        assert kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cpu") == \
+            kdecode.decode_num_splits(batch, 8, 128, 128)
+    # where the rule allows it (as on an H200): the Gluon variant, 16 programs per SM from 512 pairs on
+    # (the Triton tuning balances there), the Triton split count below; decode_num_splits follows
+    monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
+    for batch, waves in ((8, 16.0), (63, 16.0), (64, kdecode.GLUON_WAVES), (128, kdecode.GLUON_WAVES)):
+        t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, device=torch.device("cuda"), **fmt)
+        assert t.gluon and t.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT and t.waves == waves
+        assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
+        n = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
+        assert n == kdecode.pick_num_splits(batch, 8, waves=waves)
+    assert kdecode._default_tuning(64, 8, 128, 128).waves is None  # the Triton tuning balances from 512 pairs
+    # on an H200's 132 SMs: 4 splits per (request, KV head) at 64 requests instead of the balanced 2
+    assert kdecode.pick_num_splits(64, 8, num_sms=132, waves=kdecode.GLUON_WAVES) == 4
+    assert kdecode.pick_num_splits(64, 8, num_sms=132, waves=None) == 2
 
 
 @gpu

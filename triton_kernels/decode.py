@@ -386,9 +386,9 @@ class _DecodeTuning:
             (the query rotation, the write and the partials' inverse rotation in the Gluon launch,
             then the plain merge: two launches, one with few splits). The default where
             ``gluon_default_reason`` finds nothing against it (sm_90 with Triton 3.6's Gluon,
-            64-511 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
-            ``GLUON_DEFAULT_VARIANT``, measured on an H200 at 1.07-1.30x the fused Triton step
-            there, at 4K-64K tokens (benches/results/kernels_gluon_s21/). Elsewhere opt-in.
+            64-1024 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
+            ``GLUON_DEFAULT_VARIANT``, measured on an H200 at 0.97-1.30x the fused Triton step
+            there, 1K-64K tokens (benches/results/kernels_gluon_s21/). Elsewhere opt-in.
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
         merge_chunk: partials per block load of the fused merge; None: as many as ~4K fp32 of
@@ -430,12 +430,22 @@ def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int
     return _DecodeTuning(block_n=min(page_size, 64), block_t=block_t, num_warps=2, transposed=False, waves=4.0)
 
 
-def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> int:
+def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: int, *,
+                      layer: PagedLayer | None = None, num_q_heads: int | None = None,
+                      device: torch.device | None = None) -> int:
     """The sealed-page splits ``oscar_decode_attention`` runs a launch of this size with: what to
     size ``decode_workspace`` with when the caller keeps the workspace (CUDA graphs). Depends on the
-    batch size, never on lengths."""
-    waves = _default_tuning(batch, num_kv_heads, head_dim, page_size).waves
-    return pick_num_splits(batch, num_kv_heads, waves=waves)
+    batch size, never on lengths. With ``layer``, ``num_q_heads`` and ``device`` (what the launch
+    will get): the split count of the stage 1 the launcher picks for it (``_launch_tuning``: the
+    Gluon default runs 16 programs per SM from 512 pairs on, where the Triton one balances whole
+    waves of 8); without them, the Triton stage 1's."""
+    if layer is not None and num_q_heads is not None and device is not None:
+        tune = _launch_tuning(batch, num_kv_heads, head_dim, page_size, group=num_q_heads // num_kv_heads,
+                              bits=layer.bits, k_group=layer.k_group, v_group=layer.v_group,
+                              key_page=layer.k_ranges is not None, device=torch.device(device))
+    else:
+        tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
+    return pick_num_splits(batch, num_kv_heads, waves=tune.waves)
 
 
 #: The Gluon stage-1 variant the default decode runs where ``gluon_default_reason`` allows it: no
@@ -444,12 +454,18 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 #: inverse rotation (and with few splits the merge) in the launch, 128 registers (16 one-warp
 #: programs per SM). H200, Triton 3.6, whole steps (write included) against the fused Triton step:
 #: 1.07-1.08x at (8, 4096), 1.15-1.19x at (16, 8192), 1.16-1.21x at (8, 32768), 1.22-1.30x at
-#: (16, 65536) (benches/results/kernels_gluon_s21/step.md).
+#: (16, 65536), 1.15-1.22x at (64, 8192) and (128, 4096) with ``GLUON_WAVES``; 0.97-0.98x at
+#: (32, 1024), 1.01-1.10x at the other short contexts (benches/results/kernels_gluon_s21/).
 GLUON_DEFAULT_VARIANT = "dnp_r128fs"
-#: The (request, KV head) pairs of a launch from which the default takes the Gluon stage 1 (below:
-#: single requests, where it was 0.90-1.07x the Triton step, and batches of < 8 at 8 KV heads,
-#: not measured) and up to which (balanced split counts from 512 on: not measured with Gluon).
-GLUON_DEFAULT_PAIRS = (64, 512)
+#: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
+#: stage 1: below, single requests (0.90-1.07x the Triton step) and batches of < 8 at 8 KV heads
+#: (one point measured); above, not measured.
+GLUON_DEFAULT_PAIRS = (64, 1024)
+#: Programs per SM of the Gluon default from 512 pairs on, where the Triton default balances whole
+#: waves of its 8 resident programs (``pick_num_splits(waves=None)``): its 128 registers leave 16
+#: resident, and with the Triton rule's 1-2 splits it was 0.77-0.84x the Triton step, with 16
+#: programs per SM 1.15-1.22x (24: 1.04-1.12x) (kernels_gluon_s21/step_waves.md).
+GLUON_WAVES = 16.0
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 
@@ -469,8 +485,8 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
         return f"{GLUON_DEFAULT_ENV}=0"
     pairs = batch * num_kv_heads
     lo, hi = GLUON_DEFAULT_PAIRS
-    if not lo <= pairs < hi:
-        return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi - 1}, where it was measured faster"
+    if not lo <= pairs <= hi:
+        return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi}, where it was measured faster"
     if key_page:
         return "page-grid key ranges (key_ranges='page') are read by the Triton stage 1 only"
     try:
@@ -493,13 +509,15 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
 def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int, *, group: int, bits: int,
                    k_group: int, v_group: int, key_page: bool, device: torch.device) -> _DecodeTuning:
     """The launcher's tuning when the caller passes none: ``_default_tuning``, with the Gluon stage 1
-    (``GLUON_DEFAULT_VARIANT``) where ``gluon_default_reason`` allows it. The split count is the
-    same either way (``decode_num_splits``)."""
+    (``GLUON_DEFAULT_VARIANT``) where ``gluon_default_reason`` allows it, at ``GLUON_WAVES``
+    programs per SM where the Triton tuning balances whole waves (from 512 pairs on; the same split
+    count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=tune.block_n,
                             device=device) is None:
-        return replace(tune, gluon=True, gluon_variant=GLUON_DEFAULT_VARIANT)
+        return replace(tune, gluon=True, gluon_variant=GLUON_DEFAULT_VARIANT,
+                       waves=GLUON_WAVES if tune.waves is None else tune.waves)
     return tune
 
 
@@ -539,7 +557,7 @@ def oscar_decode_attention(
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
     with few splits the last program of each (request, KV head) merges them: one launch per layer
-    and step. On an sm_90 GPU with Triton 3.6, from 64 to 511 (request, KV head) pairs and the
+    and step. On an sm_90 GPU with Triton 3.6, from 64 to 1024 (request, KV head) pairs and the
     formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
     (``GLUON_DEFAULT_VARIANT``: the write, the query rotation and with few splits the merge in its
     launch too, else a merge launch after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.

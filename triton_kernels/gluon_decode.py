@@ -3,8 +3,8 @@ item 1, first step; design: benches/results/kernels_gluon_design.md).
 
 On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
 pass against the torch reference. Since session 21 the default decode runs the "dnp_r128fs"
-variant (``decode.GLUON_DEFAULT_VARIANT``) on sm_90 from 64 to 511 (request, KV head) pairs
-(``decode.gluon_default_reason``): whole steps 1.07-1.30x the fused Triton step on an H200 there
+variant (``decode.GLUON_DEFAULT_VARIANT``) on sm_90 from 64 to 1024 (request, KV head) pairs
+(``decode.gluon_default_reason``): whole steps 0.97-1.30x the fused Triton step on an H200 there
 (benches/results/kernels_gluon_s21/); elsewhere it is opt-in (``decode._DecodeTuning.gluon``, tests
 and benchmarks);
 ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed: register

@@ -208,12 +208,14 @@ class OscarAttnBackendMixin:
             pool.oscar_write_bf16(li, fb.out_cache_loc.reshape(-1).to(torch.int64), k.reshape(-1, h, d), v.reshape(-1, h, d))
             return self._bf16_decode(q_, li, layer, fb.req_pool_indices, self._g_seq_lens[:q_.shape[0]]).reshape(-1, hq * d)
         bs = q_.shape[0]
-        splits = K.decode_num_splits(bs, h, d, pool.page_size)
         ws = self._g_workspaces.get(bs)
+        paged = pool.paged_layer(li)
         if ws is None:  # first seen in the warm-up runs before the capture
+            # the split count of the stage 1 the launcher picks for this layer (Triton or Gluon)
+            splits = K.decode_num_splits(bs, h, d, pool.page_size, layer=paged, num_q_heads=hq, device=q.device)
             ws = self._g_workspaces[bs] = K.decode_workspace(bs, hq, h, d, splits, q.device)
         out = K.oscar_decode_attention(
-            q=q_.contiguous(), layer=pool.paged_layer(li),
+            q=q_.contiguous(), layer=paged,
             kv_indptr=self._g_kv_indptr[: bs + 1], kv_page_indices=self._g_pages, seq_lens=self._g_seq_lens[:bs],
             sm_scale=layer.scaling, new_k=k.reshape(-1, h, d), new_v=v.reshape(-1, h, d), new_loc=fb.out_cache_loc.reshape(-1),
             staging_scale=pool.layer_stage_scale(li),
