@@ -325,7 +325,9 @@ def gluon_markdown(rows: list[dict], meta: dict) -> str:
     out = [f"Gluon stage 1 variants vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
            f"{meta['date']}); " + ("the whole decode step (write and query rotation included)"
                                     if meta.get("gluon_mode") == "fused" else "queries rotated beforehand, no write")
-           + "; times in us (CUDA graphs over distinct KV copies).", "",
+           + "; times in us (CUDA graphs over distinct KV copies). 'default': the Triton stage 1's tuning "
+           "(`_default_tuning`), which the launcher replaces by the Gluon default where `gluon_default_reason` "
+           "allows (session 21).", "",
            f"| B | ctx | bits | default us | Triton + merge launch us | {head} | best | max rel RMS vs default |",
            "|---|---|---|---|---|" + "---|" * len(variants) + "---|---|"]
     for r in rows:
