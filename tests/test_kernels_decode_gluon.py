@@ -495,3 +495,35 @@ def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_
     _, out_page = _step_with_write(page_cfg, gluon=None, lens=lens)
     _, out_page_triton = _step_with_write(page_cfg, gluon=False, lens=lens)
     assert torch.equal(out_page, out_page_triton)
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits,batch", [(2, 64), (4, 100)])
+def test_the_default_decode_from_512_pairs_runs_the_gluon_step_at_16_programs_per_sm(bits, batch, monkeypatch, nan_empty):
+    """64 and 100 requests at 8 KV heads (512 and 800 pairs) on an sm_90 GPU: the launcher's own
+    choice is the Gluon step at ``GLUON_WAVES`` programs per SM, whose split count
+    ``decode_num_splits(..., layer=...)`` reports (what the backend sizes its graph workspace with)
+    and differs from the Triton rule's; it is bit-identical to asking for that tuning, and agrees
+    with the fused Triton step."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon default is taken on sm_90 only")
+    monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV, raising=False)
+    gen = torch.Generator().manual_seed(batch)
+    lens = tuple(int(x) for x in torch.randint(2, 1500, (batch,), generator=gen))
+    cfg = OscarConfig(bits=bits, page_size=128)
+    h, d, p = 8, 128, 128
+    pool, out_default = _step_with_write(cfg, gluon=None, lens=lens)
+    tune = kdecode._launch_tuning(batch, h, d, p, group=4, bits=bits, k_group=cfg.k_group, v_group=cfg.v_group,
+                                  key_page=False, device=torch.device("cuda"))
+    assert tune.gluon and tune.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT and tune.waves == kdecode.GLUON_WAVES
+    splits = kdecode.decode_num_splits(batch, h, d, p, layer=pool.layer, num_q_heads=4 * h, device=torch.device("cuda"))
+    assert splits == kdecode.pick_num_splits(batch, h, waves=kdecode.GLUON_WAVES)
+    assert splits != kdecode.decode_num_splits(batch, h, d, p)  # the Triton rule's count
+    _, out_explicit = _step_with_write(cfg, gluon=True, lens=lens,
+                                       tune=dict(gluon_variant=kdecode.GLUON_DEFAULT_VARIANT, waves=kdecode.GLUON_WAVES))
+    _, out_triton = _step_with_write(cfg, gluon=False, lens=lens)
+    assert torch.equal(out_default, out_explicit)
+    assert not torch.isnan(out_default).any()
+    err = rel_rms(out_default.float(), out_triton.float())
+    assert err < 1e-3, f"default (Gluon, {splits} splits) vs Triton step: relative RMS {err:.2e}"

@@ -414,7 +414,7 @@ class _DecodeTuning:
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
-    """The decode configuration by launch size, from the H200 sweeps (benches/results/kernels.md).
+    """The decode configuration by launch size, from the H200 sweeps (benches/results/kernels_history.md).
 
     head_dim <= 128: one warp per program on 32-token tiles, the transposed form; ~16 programs per
     SM below 512 (request, KV head) pairs, balanced splits from 512 on (whole waves of the 8

@@ -334,7 +334,7 @@ def _default_tuning(num_q_heads: int, num_kv_heads: int, head_dim: int) -> _Exte
 
 def _launch_shape(tune: _ExtendTuning, dequantized: bool, gp: int, head_dim: int, page_size: int) -> tuple[int, int, int]:
     """``(block_m, num_warps, block_n)`` of one attention launch, ``tune``'s automatic fields filled
-    from the H200 sweeps (benches/results/kernels.md, "Extend over pre-dequantized pages"): on
+    from the H200 sweeps (benches/results/kernels_history.md, "Extend over pre-dequantized pages"): on
     pre-dequantized pages 64 rows on 4 warps over 64-token tiles (1.08-2.58x SGLang's BF16 extend,
     the fastest of the sweep at all 12 shapes), in registers 128 rows on 8 warps over 32-token tiles
     (5-9 % over 64 rows on 4; 32 rows above head_dim 128)."""

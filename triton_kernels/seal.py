@@ -196,7 +196,7 @@ class _SealTuning:
     num_warps: int = 4
 
 
-#: The tilings measured fastest on the H200 (benches/results/kernels.md, "Seal"): page-grid key
+#: The tilings measured fastest on the H200 (benches/results/kernels_history.md, "Seal"): page-grid key
 #: ranges in programs of 1024 values (keys: 8 channels of a 128-token page; values: 8 tokens x 128
 #: channels) at 4 warps, group key ranges (keys and values of 32 tokens x 32 channels) at 2 warps.
 _PAGE_TUNING = _SealTuning(values=1024, num_warps=4)

@@ -45,8 +45,11 @@ L2_BYTES = 60 * 2**20
 DEV = torch.device("cuda")
 
 
+_T0 = time.monotonic()
+
+
 def log(*a):
-    print(*a, flush=True)
+    print(f"[{time.monotonic() - _T0:6.1f} s]", *a, flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -707,13 +710,14 @@ def _extend_inputs(bits: int, batch: int, prefix: int, new: int, **fmt):
     return st, g, t, q, k, v, qo, pre, out
 
 
-def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
+def bench_extend(bits: int, batch: int, prefix: int, new: int, variants=EXTEND_VARIANTS) -> dict:
     """A prefill chunk: ``new`` tokens per request over a sealed ``prefix`` (every page packed; 0: a
     fresh prompt) and causally over themselves, in both ``--oscar-prefill`` modes, side by side with
     SGLang's Triton extend kernel over BF16 KV of the same prefix (token-level indices, as its Triton
     backend passes them). ``position`` (the default): each row reads the chunk's pages below its own
     as codes (sealed before the launch in the server; random codes here), its own page from k/v;
-    ``exact``: every new token from k/v (BF16)."""
+    ``exact``: every new token from k/v (BF16). ``variants``: the tilings timed (the first the
+    launcher's default, the last the 'registers' column)."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     st, g, t, q, k, v, qo, pre, out = _extend_inputs(bits, batch, prefix, new)
@@ -724,7 +728,7 @@ def bench_extend(bits: int, batch: int, prefix: int, new: int) -> dict:
                                max_new_tokens=new, out=out, **kw)  # fmt: skip
 
     res = {"batch": batch, "prefix": prefix, "new": new, "bits": bits, "variants": []}
-    for bm, nw, bn, dq, ns in EXTEND_VARIANTS:  # block_m 0: the launcher's default
+    for bm, nw, bn, dq, ns in variants:  # block_m 0: the launcher's default
         kw = {} if bm == 0 else {"_tuning": dataclasses.replace(_ext._default_tuning(HQ, H, D), block_m=bm, num_warps=nw,
                                                                   block_n=bn, dequantize=dq, num_stages=ns)}
         cfg = {"block_m": bm, "num_warps": nw, "block_n": bn, "dequantize": dq, "num_stages": ns}
@@ -925,7 +929,13 @@ def seal_markdown(rows: list[dict], meta: dict) -> str:
 # report
 # ------------------------------------------------------------------------------------------------
 
-TARGETS = {"sdpa": {(8, 32768): 4.0, (16, 65536): 4.0, (1, 131072): 3.0}, "sglang": 6.0, "write_share": 0.03}
+#: Issue 14's targets (H200, Llama-3.1-8B attention shapes, ratios measured side by side in one run):
+#: INT2 decode vs SDPA BF16 per shape, INT4 decode vs SDPA BF16 at every shape, INT2 decode vs
+#: SGLang's Triton BF16 decode at every shape, faster than the authors' CUDA kernel (both groups) at
+#: every shape, extend at least as fast as SGLang's BF16 extend at every shape, the write path's
+#: share of a step.
+TARGETS = {"sdpa": {(8, 32768): 4.0, (16, 65536): 4.0, (1, 131072): 3.0}, "sdpa_int4": 2.5, "sglang": 5.0, "authors": 1.0,
+           "extend": 1.0, "write_share": 0.03}
 
 
 def summarize(res: dict) -> list[dict]:
@@ -959,6 +969,9 @@ def summarize(res: dict) -> list[dict]:
                 row["met_vs_sdpa"] = None if (t_sd is None or row["vs_sdpa"] is None) else row["vs_sdpa"] >= t_sd
                 row["target_vs_sglang"] = TARGETS["sglang"]
                 row["met_vs_sglang"] = None if row["vs_sglang"] is None else row["vs_sglang"] >= TARGETS["sglang"]
+            if bits == 4:
+                row["target_vs_sdpa"] = TARGETS["sdpa_int4"]
+                row["met_vs_sdpa"] = None if row["vs_sdpa"] is None else row["vs_sdpa"] >= TARGETS["sdpa_int4"]
             row["met_write_share"] = None if row["write_share"] is None else row["write_share"] <= TARGETS["write_share"]
             if bits == 2:
                 for group in (32, 128):
@@ -998,10 +1011,61 @@ def plot(rows: list[dict], meta: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _span(values: list[float], fmt: str = "{:.2f}x") -> str:
+    """``lo-hi`` of the measured ratios (one value: itself), or 'not measured'."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "not measured"
+    lo, hi = min(vals), max(vals)
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)} - {fmt.format(hi)}"
+
+
+def targets_table(res: dict, rows: list[dict]) -> list[dict]:
+    """Issue 14's targets (``TARGETS``) against this run: one dict per target with the measured
+    value or span, the target and whether every measured shape meets it (None: nothing measured)."""
+    out = []
+
+    def add(measure: str, vals: list[float | None], target: str, ok: list[bool | None]):
+        known = [x for x in ok if x is not None]
+        out.append({"measure": measure, "measured": _span(vals), "target": target,
+                    "met": (all(known) if known else None), "shapes": len(known)})
+
+    int2 = [r for r in rows if r["bits"] == 2]
+    int4 = [r for r in rows if r["bits"] == 4]
+    for (b, ctx), t in TARGETS["sdpa"].items():
+        rs = [r for r in int2 if (r["batch"], r["ctx"]) == (b, ctx)]
+        add(f"INT2 decode vs SDPA BF16 at ({b}, {ctx})", [r["vs_sdpa"] for r in rs], f">= {t:g}x",
+            [None if r["vs_sdpa"] is None else r["vs_sdpa"] >= t for r in rs])
+    add("INT2 decode vs SGLang Triton BF16 (every shape)", [r["vs_sglang"] for r in int2], f">= {TARGETS['sglang']:g}x",
+        [None if r["vs_sglang"] is None else r["vs_sglang"] >= TARGETS["sglang"] for r in int2])
+    add("INT4 decode vs SDPA BF16 (every shape)", [r["vs_sdpa"] for r in int4], f">= {TARGETS['sdpa_int4']:g}x",
+        [None if r["vs_sdpa"] is None else r["vs_sdpa"] >= TARGETS["sdpa_int4"] for r in int4])
+    for group in (32, 128):
+        vals = [r.get(f"vs_authors_g{group}") for r in int2 if f"authors_g{group}_us" in r]
+        # a shape where their kernel fails (an error, no time) counts as met: ours ran there
+        add(f"INT2 decode vs the authors' CUDA kernel, their group {group} (every shape)", vals,
+            "> 1x (faster)", [True if v is None else v > TARGETS["authors"] for v in vals])
+    ext = [e for e in res.get("extend", []) if "oscar" in e]
+    add("extend (the server's launch) vs SGLang BF16 extend (every shape, INT2 and INT4)",
+        [e.get("vs_sglang_default") for e in ext], f">= {TARGETS['extend']:g}x",
+        [None if e.get("vs_sglang_default") is None else e["vs_sglang_default"] >= TARGETS["extend"] for e in ext])
+    shares = [r["write_share"] for r in rows]
+    out.append({"measure": "write path share of a decode step (every shape)",
+                "measured": _span([None if s is None else 100 * s for s in shares], "{:.1f} %"),
+                "target": f"<= {100 * TARGETS['write_share']:g} %",
+                "met": None if all(s is None for s in shares) else all(s <= TARGETS["write_share"] for s in shares if s is not None),
+                "shapes": sum(s is not None for s in shares)})
+    return out
+
+
 def markdown(res: dict, rows: list[dict]) -> str:
     m = res["meta"]
     lines = [
-        "# Triton decode kernels on the H200",
+        "# OScaR kernels on one GPU: decode, extend, seal, side by side with SDPA, SGLang and the authors' kernel",
+        "",
+        "Regenerated by one command on the GPU machine (`bash benches/kernels/regenerate.sh`, which runs "
+        f"`{m.get('command', 'benches/kernels/bench_decode.py')}`); the history of earlier runs, experiments and "
+        "profiles is in [kernels_history.md](kernels_history.md).",
         "",
         f"GPU {m['gpu']}, torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, python {m['python']}, "
         f"commit `{m['commit']}`{' (+ uncommitted kernel changes)' if m.get('dirty') else ''}, {m['date']}. "
@@ -1012,6 +1076,20 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "(query rotation, the new token's K/V write + s_t, split-KV attention and the merge); 'write' is its time "
         "minus the same launch without the write; 'unfused' is the first version's path (queries rotated by a "
         "separate launch, stage 1, separate merge launch 'stage 2').",
+        "",
+        "OScaR us = " + ("the launcher's default launch, as the backend runs it (stage 1: Triton, or 'gluon:VARIANT' in the "
+                         "config column where the Gluon default takes it)." if m.get("variants") == "default" else
+                         "the fastest of the stage-1 sweep (" + str(m.get("variants")) + "), 'default us' the launcher's default.")
+        + " Format: the paper's (K/V groups of 32 tokens / channels, fp16 group pairs), INT2 and INT4.",
+        "",
+        "## Targets (issue 14), this run",
+        "",
+        "| measure | measured | target | met |",
+        "|---|---|---|---|",
+        *(f"| {t['measure']} | {t['measured']} | {t['target']} | "
+          f"{'-' if t['met'] is None else ('yes' if t['met'] else 'no')} |" for t in targets_table(res, rows)),
+        "",
+        "## Decode",
         "",
         "| B | ctx | bits | OScaR us | default us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg, transposed) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -1024,11 +1102,12 @@ def markdown(res: dict, rows: list[dict]) -> str:
             f"{r['unfused_us'] or nan:.1f} | {r['stage2_us'] or nan:.1f} | {r['stream_only_TBps'] or nan:.2f} | "
             f"{r['sdpa_us'] or nan:.1f} | {r['vs_sdpa'] or nan:.2f} | {r['sglang_us'] or nan:.1f} | "
             f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
-            f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))} |"
+            f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))}"
+            f"{', gluon:' + c['gluon'] if c.get('gluon') else ''} |"
         )
     peer = [r for r in rows if r["bits"] == 2 and ("authors_g32_us" in r or "authors_g128_us" in r)]
     if peer:
-        lines += ["", "INT2 against the OScaR authors' CUDA kernel (benches/peers/oscar_authors.py: fp16, k-channel, token norm on, "
+        lines += ["", "## The OScaR authors' CUDA kernel", "", "INT2 against the OScaR authors' CUDA kernel (benches/peers/oscar_authors.py: fp16, k-channel, token norm on, "
                   "ctx - 256 tokens packed + 128 in their fp16 residual block; same timing harness). 'failed' gives their error.", "",
                   "| B | ctx | OScaR (ours, group 32) us | authors group 32 us | x authors g32 | authors group 128 us | x authors g128 |",
                   "|---|---|---|---|---|---|---|"]
@@ -1040,7 +1119,7 @@ def markdown(res: dict, rows: list[dict]) -> str:
             lines.append(f"| {r['batch']} | {r['ctx']} | {r['oscar_us']:.1f} | " + " | ".join(cells) + " |")
     ext = [e for e in res.get("extend", []) if "oscar" in e]
     if ext:
-        lines += ["", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
+        lines += ["", "## Extend", "", "Extend / prefill chunk (new tokens over a sealed prefix + themselves, causal; prefix 0: a fresh "
                   "prompt) with --oscar-prefill position (the default) and exact (default tuning) vs SGLang's Triton "
                   "extend kernel on BF16 KV. 'default': the launch the server runs (sealed pages pre-dequantized into "
                   "a scratch, in 'groups' launches of requests that fit its budget, 'dq': whether every request does); "
@@ -1063,7 +1142,7 @@ def markdown(res: dict, rows: list[dict]) -> str:
                          f"{r1(e.get('oscar_registers_us'))} | {b['us']:.1f} | {cfg} | {r1(ex)} | {r1(sg)} | "
                          f"{e.get('vs_sglang_default') and round(e['vs_sglang_default'], 2)} | "
                          f"{e.get('vs_sglang') and round(e['vs_sglang'], 2)} | {ex and dflt and round(ex / dflt, 2)} |")
-    lines += ["", "Seal: " + ", ".join(f"INT{b}: {s['TBps']:.2f} TB/s ({s['us_per_page']:.2f} us/page of 8 heads)" for b, s in res["seal"].items())]
+    lines += ["", "## Seal", "", "Seal: " + ", ".join(f"INT{b}: {s['TBps']:.2f} TB/s ({s['us_per_page']:.2f} us/page of 8 heads)" for b, s in res["seal"].items())]
     return "\n".join(lines) + "\n"
 
 
@@ -1101,7 +1180,7 @@ def _rows_mode(out: str, meta: dict, name: str, to_markdown, jobs: list) -> None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true", help="fewer kernel variants")
+    ap.add_argument("--quick", action="store_true", help="the launchers' defaults only: the default decode launch (no stage-1 sweep) and two extend tilings (default, registers); benches/kernels/regenerate.sh runs this")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed]],... (overrides the sweep; bn 0: the default)")
     ap.add_argument("--extend-only", action="store_true", help="only the extend / prefill shapes (both --oscar-prefill modes vs SGLang)")
@@ -1128,6 +1207,7 @@ def main() -> None:
         "dirty": os.environ.get("OSCAR_DIRTY", "") == "1", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "shape": {"q_heads": HQ, "kv_heads": H, "head_dim": D, "page": P, "k_group": 32, "v_group": 32},
     }  # fmt: skip
+    meta["command"] = " ".join(["python3", "benches/kernels/bench_decode.py", *sys.argv[1:]])
     log("meta", json.dumps(meta))
     if args.seal_only:
         rows = []
@@ -1212,6 +1292,7 @@ def main() -> None:
         variants = [parse_variant(v) for v in args.variants.split(",")]
     elif args.quick:
         variants = [VARIANTS[0]]
+        meta["variants"] = "default"
     else:
         variants = VARIANTS
     shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -1265,7 +1346,8 @@ def main() -> None:
     for bits in (2, 4):
         for b, pre, new in EXTEND_SHAPES:
             try:
-                e = bench_extend(bits, b, pre, new)
+                # --quick: the launcher's default and the 'registers' tiling only (not the sweep)
+                e = bench_extend(bits, b, pre, new, [EXTEND_VARIANTS[0], EXTEND_VARIANTS[-1]] if args.quick else EXTEND_VARIANTS)
                 log(f"extend INT{bits} B={b} prefix={pre} new={new}: OScaR {e['oscar']['us']:.1f} us, "
                     f"SGLang BF16 {e.get('sglang', {}).get('us', float('nan')):.1f} us")
             except Exception:  # noqa: BLE001

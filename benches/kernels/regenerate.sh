@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Regenerate benches/results/kernels.md (+ kernels.json, kernels.png) on a GPU machine, every column of
+# issue 14's target table in one run: OScaR INT2 / INT4 decode (the launcher's default launch, write
+# fused), torch SDPA on BF16, SGLang 0.5.23's Triton BF16 decode, the OScaR authors' CUDA kernel (their
+# group 32 and 128), extend vs SGLang's BF16 extend, the write path's share, the seal.
+#
+#   bash benches/kernels/regenerate.sh
+#
+# Needs: a CUDA GPU; SGLang 0.5.23 importable (PYTHONPATH, or /tmp/site as `benches/serving/run_gpu.sh
+# setup` unpacks it); oscar_sgl installed or python/ with its built extension; nvcc and the authors'
+# sources + CUTLASS headers outside the tracked tree (benches/peers/build_oscar_authors.sh: OSCAR_AUTHORS_SRC
+# and CUTLASS_INCLUDE, or .peers/ from benches/peers/prepare_sources.sh). The authors' build (~8 min on
+# 16 cores) is kept in AUTHORS_BUILD and reused while its .so is there; AUTHORS_BUILD=none leaves that
+# column out (the report then says "not measured" for it).
+#
+# Where it writes: REPORT_DIR (default benches/results): kernels.md, kernels.json, kernels.png, and
+# kernels_bench.log (the benchmark's output). On the lent device machine: REPORT_DIR=$OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1
+REPORT_DIR=${REPORT_DIR:-benches/results}
+AUTHORS_BUILD=${AUTHORS_BUILD:-/tmp/oscar-authors-build}
+mkdir -p "$REPORT_DIR"
+if [ -d /tmp/site/sglang ]; then export PYTHONPATH=/tmp/site:$PWD/python${PYTHONPATH:+:$PYTHONPATH}; fi
+python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'" || { echo "regenerate.sh: needs a CUDA GPU"; exit 3; }
+python3 -c "import sglang" 2>/dev/null || { echo "regenerate.sh: SGLang does not import (PYTHONPATH, or benches/serving/run_gpu.sh setup)"; exit 3; }
+authors=()
+if [ "$AUTHORS_BUILD" != "none" ]; then
+  if ! ls "$AUTHORS_BUILD"/oscar_cuda*.so >/dev/null 2>&1; then
+    echo "regenerate.sh: building the authors' kernel into $AUTHORS_BUILD"
+    OUT= bash benches/peers/build_oscar_authors.sh "$AUTHORS_BUILD" > "$REPORT_DIR/authors_build.log" 2>&1 \
+      || { echo "regenerate.sh: the authors' build failed (tail of $REPORT_DIR/authors_build.log):"; tail -20 "$REPORT_DIR/authors_build.log"; exit 4; }
+  fi
+  authors=(--authors "$AUTHORS_BUILD")
+fi
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${OSCAR_COMMIT:-unknown}")
+dirty=0
+if git rev-parse HEAD >/dev/null 2>&1 && ! git diff --quiet HEAD -- triton_kernels python benches/kernels 2>/dev/null; then dirty=1; fi
+tmp=$(mktemp -d)
+OSCAR_COMMIT=${OSCAR_COMMIT:-$commit} OSCAR_DIRTY=${OSCAR_DIRTY:-$dirty} \
+  python3 benches/kernels/bench_decode.py --quick "${authors[@]}" --out "$tmp" 2>&1 | tee "$REPORT_DIR/kernels_bench.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" = 0 ] && [ -f "$tmp/kernels.md" ] || { echo "regenerate.sh: the benchmark failed (rc $rc); $REPORT_DIR/kernels.md left as it was"; exit 5; }
+cp "$tmp/kernels.md" "$tmp/kernels.json" "$REPORT_DIR"/
+[ -f "$tmp/kernels.png" ] && cp "$tmp/kernels.png" "$REPORT_DIR"/
+rm -rf "$tmp"
+echo "regenerate.sh: wrote $REPORT_DIR/kernels.md"
