@@ -64,10 +64,12 @@ def test_a_met_speed_target_and_a_slower_extend_and_peer():
     assert t["extend (the server's launch) vs SGLang BF16 extend (every shape, INT2 and INT4)"]["met"] is False
 
 
-def test_the_authors_failing_counts_as_ours_ahead_and_the_report_renders():
+def test_a_failing_peer_decides_nothing_and_the_report_renders():
     res = _run(250.0, {"group": 128, "error": "an illegal memory access"}, 1.2)
     t = _table(res)
-    assert t["INT2 decode vs the authors' CUDA kernel, their group 128 (every shape)"]["met"] is True
+    peer = t["INT2 decode vs the authors' CUDA kernel, their group 128 (every shape)"]
+    assert peer["met"] is None  # no shape measured: neither met nor missed
+    assert peer["measured"] == "not measured; their kernel failed at 1 of 1 shapes"
     md = bench_decode.markdown(res, bench_decode.summarize(res))
     assert "## Targets (issue 14), this run" in md
     assert "| INT2 decode vs SDPA BF16 at (8, 32768) | 2.50x | >= 4x | no |" in md

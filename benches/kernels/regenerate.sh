@@ -31,6 +31,12 @@ if [ "$AUTHORS_BUILD" != "none" ]; then
     OUT= bash benches/peers/build_oscar_authors.sh "$AUTHORS_BUILD" > "$REPORT_DIR/authors_build.log" 2>&1 \
       || { echo "regenerate.sh: the authors' build failed (tail of $REPORT_DIR/authors_build.log):"; tail -20 "$REPORT_DIR/authors_build.log"; exit 4; }
   fi
+  # the benchmark imports their Python packing code from the same sources (oscar_authors.py)
+  if [ -z "${OSCAR_AUTHORS_SRC:-}" ]; then
+    [ -d /tmp/peers/OScaR-KV-Quant ] || { mkdir -p /tmp/peers && tar xJf .peers/oscar-authors.tar.xz -C /tmp/peers; } \
+      || { echo "regenerate.sh: no OSCAR_AUTHORS_SRC and no .peers/oscar-authors.tar.xz"; exit 4; }
+    export OSCAR_AUTHORS_SRC=/tmp/peers/OScaR-KV-Quant
+  fi
   authors=(--authors "$AUTHORS_BUILD")
 fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${OSCAR_COMMIT:-unknown}")
