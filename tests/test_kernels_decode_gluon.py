@@ -453,19 +453,26 @@ def test_the_gluon_default_rule(monkeypatch):
     for batch in (1, 8, 64, 128):
         assert kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cpu") == \
             kdecode.decode_num_splits(batch, 8, 128, 128)
-    # where the rule allows it (as on an H200): the Gluon variant, 16 programs per SM from 512 pairs on
-    # (the Triton tuning balances there), the Triton split count below; decode_num_splits follows
+    # where the rule allows it (as on an H200): the Gluon variant; below 512 pairs the Triton split
+    # count (16 programs per SM), from 512 on whole waves of the Gluon program's 16 resident per SM
+    # (the Triton tuning balances waves of its 8 there); decode_num_splits follows
     monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
-    for batch, waves in ((8, 16.0), (63, 16.0), (64, kdecode.GLUON_WAVES), (128, kdecode.GLUON_WAVES)):
+    for batch, waves, resident in ((8, 16.0, kdecode.GLUON_RESIDENT), (63, 16.0, kdecode.GLUON_RESIDENT), (64, None, kdecode.GLUON_RESIDENT),
+                                   (96, None, kdecode.GLUON_RESIDENT), (128, None, kdecode.GLUON_RESIDENT)):
         t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, device=torch.device("cuda"), **fmt)
-        assert t.gluon and t.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT and t.waves == waves
+        assert t.gluon and t.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT
+        assert (t.waves, t.resident) == (waves, resident), batch
         assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
         n = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
-        assert n == kdecode.pick_num_splits(batch, 8, waves=waves)
+        assert n == kdecode.pick_num_splits(batch, 8, waves=waves, resident=resident)
     assert kdecode._default_tuning(64, 8, 128, 128).waves is None  # the Triton tuning balances from 512 pairs
-    # on an H200's 132 SMs: 4 splits per (request, KV head) at 64 requests instead of the balanced 2
-    assert kdecode.pick_num_splits(64, 8, num_sms=132, waves=kdecode.GLUON_WAVES) == 4
-    assert kdecode.pick_num_splits(64, 8, num_sms=132, waves=None) == 2
+    assert kdecode._default_tuning(64, 8, 128, 128).resident == kdecode.RESIDENT_PROGRAMS_PER_SM == 8
+    # on an H200's 132 SMs (requests at 8 KV heads: Gluon's whole waves of 16 vs Triton's of 8):
+    # 64 requests 4 vs 2 splits, 72: 7 vs 7, 96: 8 vs 4, 100: 5 vs 5, 128: 2 vs 1 (measured best
+    # of the counts timed: kernels_gluon_s22/splits.md)
+    for batch, gluon, triton_ in ((64, 4, 2), (72, 7, 7), (96, 8, 4), (100, 5, 5), (128, 2, 1)):
+        assert kdecode.pick_num_splits(batch, 8, num_sms=132, waves=None, resident=kdecode.GLUON_RESIDENT) == gluon, batch
+        assert kdecode.pick_num_splits(batch, 8, num_sms=132, waves=None) == triton_, batch
 
 
 @gpu
@@ -499,10 +506,10 @@ def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_
 
 @gpu
 @needs_gluon
-@pytest.mark.parametrize("bits,batch", [(2, 64), (4, 100)])
+@pytest.mark.parametrize("bits,batch", [(2, 64), (4, 96)])
 def test_the_default_decode_from_512_pairs_runs_the_gluon_step_at_16_programs_per_sm(bits, batch, monkeypatch, nan_empty):
-    """64 and 100 requests at 8 KV heads (512 and 800 pairs) on an sm_90 GPU: the launcher's own
-    choice is the Gluon step at ``GLUON_WAVES`` programs per SM, whose split count
+    """64 and 96 requests at 8 KV heads (512 and 768 pairs) on an sm_90 GPU: the launcher's own
+    choice is the Gluon step balanced over whole waves of ``GLUON_RESIDENT`` programs per SM, whose split count
     ``decode_num_splits(..., layer=...)`` reports (what the backend sizes its graph workspace with)
     and differs from the Triton rule's; it is bit-identical to asking for that tuning, and agrees
     with the fused Triton step."""
@@ -516,12 +523,13 @@ def test_the_default_decode_from_512_pairs_runs_the_gluon_step_at_16_programs_pe
     pool, out_default = _step_with_write(cfg, gluon=None, lens=lens)
     tune = kdecode._launch_tuning(batch, h, d, p, group=4, bits=bits, k_group=cfg.k_group, v_group=cfg.v_group,
                                   key_page=False, device=torch.device("cuda"))
-    assert tune.gluon and tune.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT and tune.waves == kdecode.GLUON_WAVES
+    assert tune.gluon and tune.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT
+    assert tune.waves is None and tune.resident == kdecode.GLUON_RESIDENT
     splits = kdecode.decode_num_splits(batch, h, d, p, layer=pool.layer, num_q_heads=4 * h, device=torch.device("cuda"))
-    assert splits == kdecode.pick_num_splits(batch, h, waves=kdecode.GLUON_WAVES)
+    assert splits == kdecode.pick_num_splits(batch, h, waves=None, resident=kdecode.GLUON_RESIDENT)
     assert splits != kdecode.decode_num_splits(batch, h, d, p)  # the Triton rule's count
     _, out_explicit = _step_with_write(cfg, gluon=True, lens=lens,
-                                       tune=dict(gluon_variant=kdecode.GLUON_DEFAULT_VARIANT, waves=kdecode.GLUON_WAVES))
+                                       tune=dict(gluon_variant=kdecode.GLUON_DEFAULT_VARIANT, resident=kdecode.GLUON_RESIDENT))
     _, out_triton = _step_with_write(cfg, gluon=False, lens=lens)
     assert torch.equal(out_default, out_explicit)
     assert not torch.isnan(out_default).any()

@@ -322,13 +322,14 @@ BALANCED_MAX_WAVES = 4.0
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float | None = 4.0,
-                    max_splits: int = 128) -> int:
+                    max_splits: int = 128, resident: int = RESIDENT_PROGRAMS_PER_SM) -> int:
     """Sealed-page splits per (request, KV head).
 
     ``waves`` a number: about ``waves`` programs per SM in all, the open-page program of each
     (request, head) included (``splits + 1`` programs per pair). ``waves`` None (balanced): the
-    ``pairs * splits`` sealed-split programs fill the SMs' `RESIDENT_PROGRAMS_PER_SM` slots in whole
-    waves: the smallest split count whose last wave is at least 95 % full (``ceil(w) / w <= 1.05``,
+    ``pairs * splits`` sealed-split programs fill the SMs' ``resident`` slots (the programs of the
+    stage 1 an SM holds at once: `RESIDENT_PROGRAMS_PER_SM` for the Triton one, `GLUON_RESIDENT`
+    for the Gluon default) in whole waves: the smallest split count whose last wave is at least 95 % full (``ceil(w) / w <= 1.05``,
     ``w`` the waves), else the fullest within `BALANCED_MAX_WAVES` waves. Measured on an H200 (Llama
     shapes, benches/results/kernels_splits_8f465df/splits.md): 8 programs per SM gave one split from
     528 pairs on, so 67-72 requests of 32K tokens at 8 KV heads ran one half-empty wave, 1.85x the
@@ -345,7 +346,7 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     if waves is not None:
         want = int(num_sms * waves)
         return max(1, min(max_splits, -(-want // pairs) - 1))
-    slots = num_sms * RESIDENT_PROGRAMS_PER_SM
+    slots = num_sms * resident
     best, best_fill = 1, 0.0
     for s in range(1, max_splits + 1):
         w = pairs * s / slots
@@ -389,6 +390,8 @@ class _DecodeTuning:
             64-1024 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
             ``GLUON_DEFAULT_VARIANT``, measured on an H200 at 0.97-1.30x the fused Triton step
             there, 1K-64K tokens (benches/results/kernels_gluon_s21/). Elsewhere opt-in.
+        resident: with ``waves`` None, the programs per SM the balanced split count fills in whole
+            waves (``pick_num_splits(resident=...)``): the Triton stage 1's 8, the Gluon default's 16.
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
             ``gluon_decode.GLUON_VARIANTS`` (register prefetch, cp.async rings, register caps).
         merge_chunk: partials per block load of the fused merge; None: as many as ~4K fp32 of
@@ -410,6 +413,7 @@ class _DecodeTuning:
     fused_merge: bool | None = None
     gluon: bool = False
     gluon_variant: str = "regs1"
+    resident: int = RESIDENT_PROGRAMS_PER_SM
     merge_chunk: int | str | None = None
 
 
@@ -437,15 +441,15 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
     size ``decode_workspace`` with when the caller keeps the workspace (CUDA graphs). Depends on the
     batch size, never on lengths. With ``layer``, ``num_q_heads`` and ``device`` (what the launch
     will get): the split count of the stage 1 the launcher picks for it (``_launch_tuning``: the
-    Gluon default runs 16 programs per SM from 512 pairs on, where the Triton one balances whole
-    waves of 8); without them, the Triton stage 1's."""
+    Gluon default balances whole waves of its 16 resident programs per SM from 512 pairs on, the
+    Triton one of 8); without them, the Triton stage 1's."""
     if layer is not None and num_q_heads is not None and device is not None:
         tune = _launch_tuning(batch, num_kv_heads, head_dim, page_size, group=num_q_heads // num_kv_heads,
                               bits=layer.bits, k_group=layer.k_group, v_group=layer.v_group,
                               key_page=layer.k_ranges is not None, device=torch.device(device))
     else:
         tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
-    return pick_num_splits(batch, num_kv_heads, waves=tune.waves)
+    return pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident)
 
 
 #: The Gluon stage-1 variant the default decode runs where ``gluon_default_reason`` allows it: no
@@ -454,18 +458,22 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 #: inverse rotation (and with few splits the merge) in the launch, 128 registers (16 one-warp
 #: programs per SM). H200, Triton 3.6, whole steps (write included) against the fused Triton step:
 #: 1.07-1.08x at (8, 4096), 1.15-1.19x at (16, 8192), 1.16-1.21x at (8, 32768), 1.22-1.30x at
-#: (16, 65536), 1.15-1.22x at (64, 8192) and (128, 4096) with ``GLUON_WAVES``; 0.97-0.98x at
+#: (16, 65536), 1.15-1.22x at (64, 8192) and (128, 4096) with 16 programs per SM; 0.97-0.98x at
 #: (32, 1024), 1.01-1.10x at the other short contexts (benches/results/kernels_gluon_s21/).
 GLUON_DEFAULT_VARIANT = "dnp_r128fs"
 #: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
 #: stage 1: below, single requests (0.90-1.07x the Triton step) and batches of < 8 at 8 KV heads
 #: (one point measured); above, not measured.
 GLUON_DEFAULT_PAIRS = (64, 1024)
-#: Programs per SM of the Gluon default from 512 pairs on, where the Triton default balances whole
-#: waves of its 8 resident programs (``pick_num_splits(waves=None)``): its 128 registers leave 16
-#: resident, and with the Triton rule's 1-2 splits it was 0.77-0.84x the Triton step, with 16
-#: programs per SM 1.15-1.22x (24: 1.04-1.12x) (kernels_gluon_s21/step_waves.md).
-GLUON_WAVES = 16.0
+#: Resident programs per SM whose whole waves the Gluon default's split count fills from 512 pairs
+#: on (``pick_num_splits(waves=None, resident=GLUON_RESIDENT)``), where the Triton default balances
+#: waves of its 8 (~240 registers): the Gluon program's 128 registers leave 16 resident. H200, whole
+#: steps against the fused Triton step: with the Triton rule's 1-2 splits at 512 and 1024 pairs
+#: 0.77-0.84x, at 16 programs per SM 1.15-1.22x (kernels_gluon_s21/step_waves.md); in between
+#: "16 programs per SM" left a nearly empty second wave (800 pairs: 2 splits, 0.99-1.05x; 768: 2,
+#: 0.94-0.99x) where whole waves of 16 (5 and 8 splits) give 1.11-1.20x
+#: (kernels_gluon_s22/splits.md).
+GLUON_RESIDENT = 16
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 
@@ -509,15 +517,14 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
 def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int, *, group: int, bits: int,
                    k_group: int, v_group: int, key_page: bool, device: torch.device) -> _DecodeTuning:
     """The launcher's tuning when the caller passes none: ``_default_tuning``, with the Gluon stage 1
-    (``GLUON_DEFAULT_VARIANT``) where ``gluon_default_reason`` allows it, at ``GLUON_WAVES``
-    programs per SM where the Triton tuning balances whole waves (from 512 pairs on; the same split
-    count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
+    (``GLUON_DEFAULT_VARIANT``) where ``gluon_default_reason`` allows it, its split count balanced
+    over whole waves of ``GLUON_RESIDENT`` programs per SM where the Triton tuning balances over 8
+    (from 512 pairs on; the same split count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=tune.block_n,
                             device=device) is None:
-        return replace(tune, gluon=True, gluon_variant=GLUON_DEFAULT_VARIANT,
-                       waves=GLUON_WAVES if tune.waves is None else tune.waves)
+        return replace(tune, gluon=True, gluon_variant=GLUON_DEFAULT_VARIANT, resident=GLUON_RESIDENT)
     return tune
 
 
@@ -625,7 +632,7 @@ def oscar_decode_attention(
     if tune.num_splits is not None:
         num_splits = tune.num_splits
     else:
-        num_splits = workspace[0].shape[2] - 1 if workspace is not None else pick_num_splits(b, h, waves=tune.waves)
+        num_splits = workspace[0].shape[2] - 1 if workspace is not None else pick_num_splits(b, h, waves=tune.waves, resident=tune.resident)
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:
