@@ -329,8 +329,9 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     (request, head) included (``splits + 1`` programs per pair). ``waves`` None (balanced): the
     ``pairs * splits`` sealed-split programs fill the SMs' ``resident`` slots (the programs of the
     stage 1 an SM holds at once: `RESIDENT_PROGRAMS_PER_SM` for the Triton one, `GLUON_RESIDENT`
-    for the Gluon default) in whole waves: the smallest split count whose last wave is at least 95 % full (``ceil(w) / w <= 1.05``,
-    ``w`` the waves), else the fullest within `BALANCED_MAX_WAVES` waves. Measured on an H200 (Llama
+    for the Gluon default) in whole waves: the smallest split count whose last wave is at least
+    95 % full (``ceil(w) / w <= 1.05``, ``w`` the waves), else the fullest within
+    `BALANCED_MAX_WAVES` waves. Measured on an H200 (Llama
     shapes, benches/results/kernels_splits_8f465df/splits.md): 8 programs per SM gave one split from
     528 pairs on, so 67-72 requests of 32K tokens at 8 KV heads ran one half-empty wave, 1.85x the
     time of 64 requests; the balanced count (7) runs them 1.6x faster, 96 requests of 16K 1.3x
@@ -632,7 +633,8 @@ def oscar_decode_attention(
     if tune.num_splits is not None:
         num_splits = tune.num_splits
     else:
-        num_splits = workspace[0].shape[2] - 1 if workspace is not None else pick_num_splits(b, h, waves=tune.waves, resident=tune.resident)
+        num_splits = (workspace[0].shape[2] - 1 if workspace is not None
+                      else pick_num_splits(b, h, waves=tune.waves, resident=tune.resident))
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:

@@ -110,6 +110,14 @@ class GluonVariant:
             contexts that program (up to P / staging_block tiles, one memory round trip each, after
             the write) was the step's critical path (session 21, H200: the Gluon step lost 6-10 us
             to the fused Triton step there). The partials' contract is unchanged.
+        lazy_rescale: the sealed-tile loop moves its running maximum (and rescales the accumulator
+            and the sum by ``2^(m_old - m_new)``) only on a tile where some head's logits exceed it by
+            more than ``LAZY_TAU`` (log2 units), instead of on every tile: the probabilities of a
+            tile are then ``2^(s - m)`` with ``s - m <= LAZY_TAU``, at most ``2^LAZY_TAU`` = 256 (fp16
+            and fp32 hold that as well as values <= 1). The same sums in fewer instructions: the 32
+            FMUL rescale per lane, the factors' exponentials and the sum's rescale leave the loop's
+            common path for a warp-uniform branch (session 22: the sealed-tile loop's time follows
+            its instruction count, kernels_gluon_s22/).
     """
 
     name: str
@@ -122,6 +130,7 @@ class GluonVariant:
     direct_staging: bool = False
     fused: bool = False
     spread_open: bool = False
+    lazy_rescale: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -131,7 +140,7 @@ class GluonVariant:
     def constexprs(self) -> dict[str, object]:
         """The kernel's streaming constexprs for this variant (launcher, compile check, numpy check)."""
         return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch, "PACKED": self.packed,
-                "DIRECT": self.direct_staging, "SPREAD": self.spread_open}
+                "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -151,6 +160,9 @@ class GluonVariant:
                              "keys (stages 0, keys 'dequant')")
         if self.spread_open and (self.stages or self.keys != "dequant"):
             raise ValueError("GluonVariant.spread_open spreads the open page over the register path's splits "
+                             "(stages 0, keys 'dequant')")
+        if self.lazy_rescale and (self.stages or self.keys != "dequant"):
+            raise ValueError("GluonVariant.lazy_rescale is a form of the register path with dequantized keys "
                              "(stages 0, keys 'dequant')")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
@@ -187,8 +199,15 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fs", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True),
         GluonVariant("regs1s", spread_open=True),
+        # session 22 (compiled and CPU-checked, not yet run on a GPU): the running maximum moved only
+        # when a tile outgrows it by > LAZY_TAU; 752 instead of 785 instructions per INT2 tile
+        GluonVariant("dnp_r128fsl", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True),
     )
 }
+#: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
+#: maximum before the loop moves it; probabilities stay <= 2^LAZY_TAU.
+LAZY_TAU = 8.0
 DEFAULT_GLUON_VARIANT = "regs1"
 
 
@@ -232,6 +251,7 @@ def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, b
 
 
 if gl is not None:
+    _LAZY_TAU = gl.constexpr(LAZY_TAU)
     _PAIR_ASM = gl.constexpr(
         "{\n"
         ".reg .b32 t;\n"
@@ -425,10 +445,12 @@ if gl is not None:
     def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
                 LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
-                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False):
+                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
-        tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer)."""
+        tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
+        running maximum moves only when the tile outgrows it by more than ``LAZY_TAU``
+        (``GluonVariant.lazy_rescale``)."""
         HALF: gl.constexpr = 16 // BITS
         W: gl.constexpr = D * BITS // 32
         WPL: gl.constexpr = W // 4
@@ -476,9 +498,22 @@ if gl is not None:
             o_tok = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
             b_s = gl.where((o_tok >= lo)[:, None], b_s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
-        alpha = gl.exp2(m_i - m_new)
-        b_p = gl.exp2(b_s - m_new[None, :])
-        l_i = l_i * alpha + gl.sum(b_p, axis=0)
+        if LAZY:
+            # one warp-uniform decision for all heads: rescale (exactly as below) only when some
+            # head's maximum grew by more than LAZY_TAU (always on the first tile: m_i = -inf)
+            grow = gl.max((m_new > m_i + _LAZY_TAU).to(gl.int32), axis=0)
+            if grow > 0:
+                alpha = gl.exp2(m_i - m_new)
+                acc = acc * alpha[None, :]
+                l_i = l_i * alpha
+                m_i = m_new
+            m_new = m_i
+            b_p = gl.exp2(b_s - m_new[None, :])
+            l_i = l_i + gl.sum(b_p, axis=0)
+        else:
+            alpha = gl.exp2(m_i - m_new)
+            b_p = gl.exp2(b_s - m_new[None, :])
+            l_i = l_i * alpha + gl.sum(b_p, axis=0)
 
         # ---- values: pair domain [WPLV, 2, HALF, 8, NP] -> A operand V^T [D, BLOCK_N]
         v_lo, v_hi = _pair_words(vw0, vw1)
@@ -507,7 +542,10 @@ if gl is not None:
         b_vt = gl.convert_layout(b_vt, A_OP, assert_trivial=True)
 
         b_pt = gl.convert_layout(b_p.to(gl.float16), B_OP)
-        acc = mma_v2(b_vt, b_pt, acc * alpha[None, :])
+        if LAZY:
+            acc = mma_v2(b_vt, b_pt, acc)
+        else:
+            acc = mma_v2(b_vt, b_pt, acc * alpha[None, :])
         return m_new, l_i, acc
 
     @gluon.jit
@@ -814,7 +852,7 @@ if gl is not None:
         ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
-        WINDOW: gl.constexpr = False,
+        WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -919,7 +957,7 @@ if gl is not None:
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                        it * BLOCK_N, lo, WINDOW)
+                                        it * BLOCK_N, lo, WINDOW, LAZY)
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
@@ -933,7 +971,7 @@ if gl is not None:
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                            it * BLOCK_N, lo, WINDOW)
+                                            it * BLOCK_N, lo, WINDOW, LAZY)
                     raw = raw_n
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32

@@ -112,14 +112,24 @@ def count(ops: list[str]) -> dict[str, int]:
 
 
 def loops(sass: str) -> list[dict[str, int]]:
-    """Per loop of the SASS (a backward branch and the instructions it spans): its counts."""
+    """Per loop of the SASS (a backward branch and the instructions it spans): its counts, and
+    ``common path``: the instructions left when every conditional block inside it (a forward
+    branch to a target inside the loop) is skipped, e.g. the lazy rescale (GluonVariant.lazy_rescale)."""
     rows = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(_LINE.match, sass.splitlines()) if m]
     out = []
     for addr, op, rest in rows:
         b = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
         if b and int(b.group(1), 16) < addr:
             lo = int(b.group(1), 16)
-            out.append(count([o for a, o, _ in rows if lo <= a <= addr]))
+            c = count([o for a, o, _ in rows if lo <= a <= addr])
+            skipped = set()
+            for a2, o2, r2 in rows:
+                f = re.search(r"0x([0-9a-f]+)", r2) if o2 == "BRA" and lo <= a2 < addr else None
+                if f and a2 < int(f.group(1), 16) <= addr:
+                    skipped |= {a3 for a3, _, _ in rows if a2 < a3 < int(f.group(1), 16)}
+            if skipped:
+                c["common path"] = c["instructions"] - len(skipped)
+            out.append(c)
     return out
 
 

@@ -257,6 +257,7 @@ def kernel_functions(ctx):
     g["mma_v2"] = mma
     g["async_copy"] = make_async_copy(ctx)
     g["_PAIR_ASM"] = G._PAIR_ASM.value
+    g["_LAZY_TAU"] = G._LAZY_TAU.value
     names = ["_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_fused_write", "_merge_heads", "_key_channel",
