@@ -127,8 +127,20 @@ def test_gluon_variants_match_reference(variant, bits, nan_empty):
                 var = gluon_decode.GLUON_VARIANTS[variant]
                 same = (var.keys == "dequant" and var.staging_block is None and not var.direct_staging
                         and not var.spread_open)
-                bound = 1e-5 if same else 1e-3
+                bound = _bound(variant, bits, 1e-5 if same else 1e-3)
                 assert rel_rms(out, base) < bound, f"{variant} vs regs1: relative RMS {rel_rms(out, base):.2e}"
+
+
+#: How far a ``lean_dequant`` variant's INT2 output may be from the Triton kernel's: its offsets
+#: folded with the magic (``o - 16 s``, ``o - 4 s``) are rounded to fp16, up to |o - 16 s| / 2^12 per
+#: element and the same for a whole group (the numpy stand-in measured 3.6e-3 - 5.2e-3 relative RMS
+#: on these pools; the other variants stay within 1e-3).
+LEAN_BOUND = 1e-2
+
+
+def _bound(variant: str, bits: int, bound: float) -> float:
+    """``bound``, or ``LEAN_BOUND`` for a lean variant at INT2 (where its dequantization differs)."""
+    return LEAN_BOUND if bits == 2 and gluon_decode.GLUON_VARIANTS[variant].lean_dequant else bound
 
 
 def _source_paths() -> dict[str, str]:
@@ -186,7 +198,7 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
                                                                   (4, (1, 8, 64, [200, 64], {1}, "head", 16, 2))):
         err, agree = chk.check(bits, h, g, p, lens, sealed, scope, block_n, splits, bits, variant)
         assert err < ATTN_BOUND_FP32_OUT, f"{variant} INT{bits} vs reference: relative RMS {err:.2e}"
-        assert agree < bound_tri, f"{variant} INT{bits} vs the Triton kernel: relative RMS {agree:.2e}"
+        assert agree < _bound(variant, bits, bound_tri), f"{variant} INT{bits} vs the Triton kernel: relative RMS {agree:.2e}"
     # a sliding window (past a sealed page and a tile boundary, into the open page; a one-token request):
     # where the open page dominates, 16-token open-page tiles round its probabilities against other maxima
     same_open = var.staging_block is None and not var.direct_staging and not var.spread_open
@@ -194,7 +206,7 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
         err, agree = chk.check(2, 1, 4, 64, [1, 63, 3 * 64, 2 * 64 + 3, 4 * 64 + 5], {2}, "layer", 16, 3, 32, variant,
                                window_left=window)
         assert err < ATTN_BOUND_FP32_OUT, f"{variant} window {window} vs reference: relative RMS {err:.2e}"
-        assert agree < (bound_tri if same_open else 1e-3), f"{variant} window {window} vs Triton: {agree:.2e}"
+        assert agree < _bound(variant, 2, bound_tri if same_open else 1e-3), f"{variant} window {window} vs Triton: {agree:.2e}"
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -219,7 +231,7 @@ def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, mer
     same, st, err, err_unfused = _numpy_check_module().check_step(bits, scope, flags, variant, merge=merge, **kw)
     assert same, "the fused write staged other bits than the Triton step's"
     assert st <= 2.4e-7, f"token scales differ by {st:.1e} (relative)"
-    assert err < 1e-3, f"vs the Triton step: relative RMS {err:.2e}"
+    assert err < _bound(variant, bits, 1e-3), f"vs the Triton step: relative RMS {err:.2e}"
     assert err_unfused < 1e-6, f"vs the unfused path: relative RMS {err_unfused:.2e}"
 
 
@@ -322,7 +334,8 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 @needs_gluon
 @pytest.mark.parametrize("bits,scope,flags", [(2, "layer", None), (4, "head", None),
                                               (2, "layer", (True, False, True, True, False, True, True, False))])
-@pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "d16fs", "dnp_r128fs", "regs1s", "dnp_r128fsl"])
+@pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "d16fs", "dnp_r128fs", "regs1s", "dnp_r128fsl",
+                                     "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -339,13 +352,14 @@ def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, s
     torch.testing.assert_close(a.staging_scale, b.staging_scale, rtol=2e-7, atol=0)
     assert not torch.isnan(out_g).any()
     err = rel_rms(out_g.float(), out_t.float())
-    assert err < 1e-3, f"Gluon vs Triton step: relative RMS {err:.2e}"
+    assert err < _bound(variant, bits, 1e-3), f"Gluon vs Triton step: relative RMS {err:.2e}"
 
 
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "dnp_r128fs", "regs1s", "dnp_r128fsl"])
+@pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "dnp_r128fs", "regs1s", "dnp_r128fsl",
+                                     "dnp_r128fslw"])
 def test_gluon_sliding_window(variant, bits, nan_empty):
     """A sliding-window layer on the Gluon stage 1 (``window_left``): windows inside the open page,
     across sealed pages, on a tile boundary and past the start, a request whose last page is
@@ -368,7 +382,8 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 
 @gpu
 @needs_gluon
-@pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl"])
+@pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl", "dnp_r128fslw",
+                                     "dnp_r128fslwn"])
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the
@@ -381,7 +396,7 @@ def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     _, out_t = _step_with_write(cfg, gluon=False, g=group, tune=dict(num_splits=3))
     pool, out_g = _step_with_write(cfg, gluon=True, g=group, tune=tune)
     assert not torch.isnan(out_g).any()
-    assert rel_rms(out_g.float(), out_t.float()) < 1e-3
+    assert rel_rms(out_g.float(), out_t.float()) < _bound(variant, 2, 1e-3)
     b, hq, d = out_g.shape
     ws = kdecode.decode_workspace(b, hq, 8, d, 3, "cuda")
     for seed in (5, 6, 7):

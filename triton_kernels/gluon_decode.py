@@ -118,6 +118,17 @@ class GluonVariant:
             FMUL rescale per lane, the factors' exponentials and the sum's rescale leave the loop's
             common path for a warp-uniform branch (session 22: the sealed-tile loop's time follows
             its instruction count, kernels_gluon_s22/).
+        pair_words: with ``packed``, the key (scale, offset) pairs are made from whole int32 words
+            of two neighbouring channels, one PRMT per pair (``_key_param_pairs``), instead of two
+            fp16 loads paired by integer sign extension, mask, shift and OR (``_pack_f16``): 73 of
+            the INT2 sealed tile's 785 instructions per lane went to pairing params (session 22,
+            SASS line attribution). Bit-identical pairs.
+        lean_dequant: at INT2, each code pair dequantized in two instructions (LOP3, HFMA2) instead
+            of three: the code shifted to a mantissa bit whose magic is small (16 or 4) and the
+            magic folded into the offset (``_dequant_pairs_lean``): 128 HSUB2 per 32-token tile
+            and lane fewer, 72 shifts and offset fmas more. Not bit-identical: the folded offset is
+            rounded to fp16 (within the bounds of the tests; a quality run decides adoption).
+            INT4 keeps the three-instruction form (its four codes per half need a shift each).
     """
 
     name: str
@@ -131,6 +142,8 @@ class GluonVariant:
     fused: bool = False
     spread_open: bool = False
     lazy_rescale: bool = False
+    pair_words: bool = False
+    lean_dequant: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -139,8 +152,10 @@ class GluonVariant:
 
     def constexprs(self) -> dict[str, object]:
         """The kernel's streaming constexprs for this variant (launcher, compile check, numpy check)."""
-        return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch, "PACKED": self.packed,
-                "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale}
+        return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch,
+                "PACKED": 2 if self.pair_words else self.packed,
+                "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
+                "LEAN": self.lean_dequant}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -161,6 +176,11 @@ class GluonVariant:
         if self.spread_open and (self.stages or self.keys != "dequant"):
             raise ValueError("GluonVariant.spread_open spreads the open page over the register path's splits "
                              "(stages 0, keys 'dequant')")
+        if self.lean_dequant and (self.stages or self.keys != "dequant"):
+            raise ValueError("GluonVariant.lean_dequant is a form of the register path with dequantized keys "
+                             "(stages 0, keys 'dequant')")
+        if self.pair_words and not self.packed:
+            raise ValueError("GluonVariant.pair_words is how the packed form pairs its key params (packed=True)")
         if self.lazy_rescale and (self.stages or self.keys != "dequant"):
             raise ValueError("GluonVariant.lazy_rescale is a form of the register path with dequantized keys "
                              "(stages 0, keys 'dequant')")
@@ -203,6 +223,14 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # when a tile outgrows it by > LAZY_TAU; 752 instead of 785 instructions per INT2 tile
         GluonVariant("dnp_r128fsl", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True),
+        # the key params paired from whole words (one PRMT per pair), alone and with the lazy maximum
+        GluonVariant("dnp_r128fsw", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, pair_words=True),
+        GluonVariant("dnp_r128fslw", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True),
+        # ... and the INT2 dequantization in two instructions per pair (offsets folded, rounded)
+        GluonVariant("dnp_r128fslwn", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -286,6 +314,29 @@ if gl is not None:
         return _halves_f16(t)
 
     @gluon.jit
+    def _dequant_pairs_lean(x, i, s_pk, o_pk):
+        """``_dequant_pairs`` at INT2 in two instructions per pair instead of three (no HSUB2): code
+        ``i`` of each 16-bit half is shifted to mantissa bit 6 (i even) or 8 (i odd), where the
+        LOP3's magic is ``M`` = 16 or 4, and the fma takes the offset ``o' = o - M * scale``
+        (one HFMA2 per (scale, offset) pair and ``M``, shared by every code that uses it):
+        ``(M + c) * s + o'``. The shifts (``x << 6``, ``<< 2``, ``>> 2``, ``>> 6`` for codes 0-1,
+        2-3, 4-5, 6-7) cost one per two codes of a half; bits shifted across the halves land
+        outside the mask. ``o'`` is rounded to fp16 once: |o - M s| / 2^12 at most, at M <= 16
+        ~70x below the INT2 quantization step's RMS error, the reason the small magics (not
+        2^(10 - 2i) up to 1024) are used."""
+        sig = 6 - 4 * (i // 2)  # the shift that brings code i to bit 6 or 8 of its half
+        xs = (x << gl.maximum(sig, 0)) >> gl.maximum(0 - sig, 0)
+        bpos = 6 + 2 * (i % 2)
+        mask = (3 << bpos) * 65537
+        magic = ((25 - bpos) << 10) * 65537
+        negm = gl.where(i % 2 == 0, -872363008, -1006582784)  # f16x2 (-16, -16) / (-4, -4): 0xCC00CC00 / 0xC400C400
+        o2 = gl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [s_pk, negm, o_pk],
+                                       dtype=gl.int32, is_pure=True, pack=1)
+        t = gl.inline_asm_elementwise("{\n.reg .b32 t;\nlop3.b32 t, $1, $2, $3, 0xea;\nfma.rn.f16x2 $0, t, $4, $5;\n}",
+                                      "=r,r,r,r,r,r", [xs, mask, magic, s_pk, o2], dtype=gl.int32, is_pure=True, pack=1)
+        return _halves_f16(t)
+
+    @gluon.jit
     def _code_pairs(x, i, BITS: gl.constexpr, EXACT: gl.constexpr):
         """The code pair at bit ``(i % J) * BITS`` of both halves of ``x`` as fp16 (low, high half):
         ``2^(10 - bpos) + code`` straight from the LOP3 (``EXACT`` False), or the exact codes
@@ -357,6 +408,32 @@ if gl is not None:
         return kw_p, kp_base + c0, kp_base + c0 + HALF, kp_base + D + c0, kp_base + D + c0 + HALF, vw0_p, vw0_p + W
 
     @gluon.jit
+    def _key_param_pairs(page, t0, i_h, kp_ptr, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
+                         P: gl.constexpr, G_K: gl.constexpr, LK: gl.constexpr):
+        """The tile's key (scale, offset) as the f16x2 pairs (channel c, channel c + HALF) of
+        ``_tile_raw``'s packed form, ``[WPL, HALF, 4]`` in ``SliceLayout(0, LK)``, made from whole
+        int32 words (two neighbouring channels each): one PRMT per pair (``_pair_words``) instead of
+        the integer pairing of two fp16 loads (``_pack_f16``, ~1.8 instructions per pair)."""
+        CPW: gl.constexpr = 32 // BITS
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = D * BITS // 128
+        LKP: gl.constexpr = gl.SliceLayout(0, LK)
+        # the words [WPL, HALF/2, 4] (word j: channels 2j, 2j + 1 of a half) in the parent's order
+        LKW2: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, WPL, HALF // 2, 1], [8, 1, 1, 4], [1, 1, 1, 1],
+                                                                [3, 2, 1, 0]))
+        p_wi = gl.arange(0, WPL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKW2)))
+        p_j = gl.arange(0, HALF // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW2)))
+        p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW2)))
+        w0 = (p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW) // 2 + p_j[None, :, None]
+        base = ((page * H + i_h) * (P // G_K) + t0 // G_K) * D  # in words: (2 * D) fp16 per group
+        wp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + base + w0
+        s_lo, s_hi = _pair_words(gl.load(wp), gl.load(wp + HALF // 2))
+        o_lo, o_hi = _pair_words(gl.load(wp + D // 2), gl.load(wp + (D + HALF) // 2))
+        ks = gl.reshape(gl.permute(gl.join(s_lo, s_hi), [0, 1, 3, 2]), [WPL, HALF, 4])
+        ko = gl.reshape(gl.permute(gl.join(o_lo, o_hi), [0, 1, 3, 2]), [WPL, HALF, 4])
+        return gl.convert_layout(ks, LKP, assert_trivial=True), gl.convert_layout(ko, LKP, assert_trivial=True)
+
+    @gluon.jit
     def _tile_small(page, t0, i_h, s_col, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr, P: gl.constexpr,
                     G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr):
         """The narrow part of the tile: token scales s_t ``[BLOCK_N]`` (the logits' rows) and the value
@@ -394,16 +471,22 @@ if gl is not None:
         kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
                                                                      G_K, BLOCK_N, LK, LV)
         kw = gl.load(kw_p)
-        ks0 = gl.load(ks0_p)
-        ks1 = gl.load(ks1_p)
-        ko0 = gl.load(ko0_p)
-        ko1 = gl.load(ko1_p)
+        if PACKED == 2:  # GluonVariant.pair_words: the key params paired from whole words
+            ks0, ko0 = _key_param_pairs(page, t0, i_h, kp_ptr, H, D, BITS, P, G_K, LK)
+            ks1 = ks0
+            ko1 = ko0
+        else:
+            ks0 = gl.load(ks0_p)
+            ks1 = gl.load(ks1_p)
+            ko0 = gl.load(ko0_p)
+            ko1 = gl.load(ko1_p)
         st, vs0, vs1, vo0, vo1 = _tile_small(page, t0, i_h, s_col, vp_ptr, scale_ptr, H, D, P, G_V, S, BLOCK_N, LV, LS)
         vw0 = gl.load(vw0_p)
         vw1 = gl.load(vw1_p)
         if PACKED:
-            ks0 = _pack_f16(ks0, ks1)
-            ko0 = _pack_f16(ko0, ko1)
+            if PACKED != 2:
+                ks0 = _pack_f16(ks0, ks1)
+                ko0 = _pack_f16(ko0, ko1)
             vs0 = _pack_f16(vs0, vs1)
             vo0 = _pack_f16(vo0, vo1)
         return kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1
@@ -445,7 +528,8 @@ if gl is not None:
     def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
                 LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
-                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False):
+                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
+                LEAN: gl.constexpr = False):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
         tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
@@ -473,7 +557,10 @@ if gl is not None:
                 o_pk = gl.expand_dims(_pack_f16(ko0, ko1), 0)
             x4, s_pk = gl.broadcast(x4, s_pk)
             x4, o_pk = gl.broadcast(x4, o_pk)
-            k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
+            if LEAN and BITS == 2:
+                k_lo, k_hi = _dequant_pairs_lean(x4, k_i4, s_pk, o_pk)
+            else:
+                k_lo, k_hi = _dequant_pairs(x4, k_i4, s_pk, o_pk, BITS)
             b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
             b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
             b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
@@ -537,7 +624,10 @@ if gl is not None:
         x5, v_i5 = gl.broadcast(x5, v_i5)
         x5, vs_pk = gl.broadcast(x5, vs_pk)
         x5, vo_pk = gl.broadcast(x5, vo_pk)
-        v_e, v_o = _dequant_pairs(x5, v_i5, vs_pk, vo_pk, BITS)  # even / odd token of each pair
+        if LEAN and BITS == 2:
+            v_e, v_o = _dequant_pairs_lean(x5, v_i5, vs_pk, vo_pk)  # even / odd token of each pair
+        else:
+            v_e, v_o = _dequant_pairs(x5, v_i5, vs_pk, vo_pk, BITS)
         b_vt = gl.reshape(gl.join(v_e, v_o), [D, BLOCK_N])
         b_vt = gl.convert_layout(b_vt, A_OP, assert_trivial=True)
 
@@ -852,7 +942,7 @@ if gl is not None:
         ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
-        WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
+        WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -957,7 +1047,7 @@ if gl is not None:
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                        it * BLOCK_N, lo, WINDOW, LAZY)
+                                        it * BLOCK_N, lo, WINDOW, LAZY, LEAN)
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
@@ -971,7 +1061,7 @@ if gl is not None:
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                            it * BLOCK_N, lo, WINDOW, LAZY)
+                                            it * BLOCK_N, lo, WINDOW, LAZY, LEAN)
                     raw = raw_n
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32

@@ -60,6 +60,16 @@ class Ptr:
     def __sub__(self, o):
         return Ptr(self.arr, self.off - (o.a if isinstance(o, T) else o), self.dtype.element_ty.name)
 
+    def to(self, ptr_type, bitcast=False):
+        """A pointer cast (``ptr.to(gl.pointer_type(dt), bitcast=True)``): the same bytes as
+        elements of ``dt``; the offset must fall on a whole element of it."""
+        assert bitcast, "only bitcast pointer casts"
+        new = _NP[ptr_type.name]
+        ratio = np.dtype(new).itemsize // self.arr.dtype.itemsize
+        off = _a(self.off)
+        assert ratio >= 1 and np.all(np.asarray(off) % ratio == 0), "a cast pointer must be aligned to its new type"
+        return Ptr(self.arr.view(new), np.asarray(off) // ratio, ptr_type.name)
+
 
 class T:
     """A tensor: numpy semantics with the Triton methods the kernel uses."""
@@ -128,6 +138,7 @@ def make_gl(ctx):
     for n in _NP:
         setattr(gl, n, _DT(n))
     gl.constexpr = lambda x: x
+    gl.pointer_type = lambda dt: dt
     gl.SliceLayout = gl.BlockedLayout = gl.DotOperandLayout = gl.NVMMADistributedLayout = lambda *a, **k: None
     gl.arange = lambda s, e, layout=None: T(np.arange(s, e, dtype=np.int32))
     gl.full = lambda shape, v, dt, layout=None: T(np.full(shape, v, dtype=_NP[dt.name]))
@@ -183,6 +194,11 @@ def make_gl(ctx):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
             return T(r.astype(np.uint32).view(np.int32))
+        if asm.startswith("fma.rn.f16x2"):  # a * b + c on f16x2 pairs, one rounding (the lean offsets)
+            a, b, c = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
+            h = [x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64) for x in (a, b, c)]
+            r = (h[0] * h[1] + h[2]).astype(np.float16)
+            return T(np.ascontiguousarray(r).view(np.int32).reshape(a.shape))
         if len(args) == 3:  # the codes only: lop3 (2^(10-b) + code), then optionally sub.f16x2 (exact codes)
             x, mask, magic = np.broadcast_arrays(*args)
             t = ((x & mask) | magic).astype(np.int32)
@@ -200,6 +216,8 @@ def make_gl(ctx):
             return h[..., 0].astype(np.float32), h[..., 1].astype(np.float32)
 
         (tl_, th), (ml, mh), (sl, sh), (ol, oh) = halves(t), halves(magic), halves(s_pk), halves(o_pk)
+        if "sub" not in asm:  # the lean form: (magic + code) * scale + (offset - magic * scale)
+            ml = mh = 0.0
         lo = ((tl_ - ml) * sl + ol).astype(np.float16)
         hi = ((th - mh) * sh + oh).astype(np.float16)
         out = (lo.view(np.uint16).astype(np.uint32) | (hi.view(np.uint16).astype(np.uint32) << 16)).view(np.int32)
@@ -258,7 +276,7 @@ def kernel_functions(ctx):
     g["async_copy"] = make_async_copy(ctx)
     g["_PAIR_ASM"] = G._PAIR_ASM.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
-    names = ["_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_key_param_pairs", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_fused_write", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
