@@ -244,7 +244,7 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.gluon_variant("cp9")
     with pytest.raises(ValueError, match="stages must be 0 .* or 2..4"):
         gluon_decode.GluonVariant("x", stages=1)
-    with pytest.raises(ValueError, match="keys must be one of dequant, fold, magic, got 'free'"):
+    with pytest.raises(ValueError, match="keys must be one of dequant, fold, magic, mma, got 'free'"):
         gluon_decode.GluonVariant("x", keys="free")
     with pytest.raises(ValueError, match="maxnreg must be in \\[24, 255\\]"):
         gluon_decode.GluonVariant("x", maxnreg=300)
@@ -252,6 +252,8 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.GluonVariant("x", stages=3, prefetch=False)
     with pytest.raises(ValueError, match="packed pairs the params"):
         gluon_decode.GluonVariant("x", keys="fold", packed=True)
+    with pytest.raises(ValueError, match="keys='mma' folds the key params the packed form pairs"):
+        gluon_decode.GluonVariant("x", keys="mma")
     with pytest.raises(ValueError, match="staging_block must be 16, 32 or None, got 8"):
         gluon_decode.GluonVariant("x", staging_block=8)
     with pytest.raises(ValueError, match="fused takes the step's other parts into the register path"):

@@ -79,6 +79,14 @@ class GluonVariant:
             HSUB2) and the query scaled once per tile (fp16 ``q' = q * s``), plus the fp32 per-head
             ``q . o``. ``"magic"``: the MMA takes ``2^(10-b) + code`` as the LOP3 makes it (no HSUB2)
             and the per-head term also subtracts ``q' . 2^(10-b)`` (fp32; larger cancellation).
+            ``"mma"`` (with ``packed``): ``fold`` with both per-tile terms on the f16x2 pairs the
+            packed path already holds: ``q' = q * s`` one HMUL2 per pair of k positions, and the
+            per-head term ``q . o`` an MMA of its own (the offsets broadcast over 16 rows) whose
+            result is the key MMA's accumulator input, so it costs no shuffle and no add; the MMA
+            takes the exact codes (LOP3 + HSUB2, ``_folded_keys``). Per 32-token tile and lane the
+            keys' 64 HFMA2 give way to 16 HMUL2, 8 HMMA and 16 moves (the offsets' operand
+            registers). With ``lean_dequant`` the INT2 keys stay dequantized (two instructions per
+            pair there beat the fold) and the fold applies at INT4.
         prefetch: with ``stages`` 0, the next tile's bytes are loaded before the current tile's math
             (True, "regs1") or each tile's right before its own math (False: nothing of the next
             tile is held, so fewer registers per lane and more one-warp programs per SM hide the
@@ -167,28 +175,30 @@ class GluonVariant:
         if not self.prefetch and self.stages:
             raise ValueError("GluonVariant.prefetch=False is the register path (stages 0): a cp.async ring always "
                              "streams ahead")
-        if self.packed and (self.stages or self.keys != "dequant"):
-            raise ValueError("GluonVariant.packed pairs the params of the register path's dequantized keys "
-                             "(stages 0, keys 'dequant')")
-        if self.fused and (self.stages or self.keys != "dequant"):
-            raise ValueError("GluonVariant.fused takes the step's other parts into the register path with dequantized "
-                             "keys (stages 0, keys 'dequant')")
-        if self.spread_open and (self.stages or self.keys != "dequant"):
+        if self.packed and (self.stages or self.keys not in ("dequant", "mma")):
+            raise ValueError("GluonVariant.packed pairs the params of the register path's keys (stages 0, keys "
+                             "'dequant' or 'mma')")
+        if self.keys == "mma" and not self.packed:
+            raise ValueError("GluonVariant keys='mma' folds the key params the packed form pairs (packed=True)")
+        if self.fused and (self.stages or self.keys not in ("dequant", "mma")):
+            raise ValueError("GluonVariant.fused takes the step's other parts into the register path (stages 0, keys "
+                             "'dequant' or 'mma')")
+        if self.spread_open and (self.stages or self.keys not in ("dequant", "mma")):
             raise ValueError("GluonVariant.spread_open spreads the open page over the register path's splits "
-                             "(stages 0, keys 'dequant')")
-        if self.lean_dequant and (self.stages or self.keys != "dequant"):
-            raise ValueError("GluonVariant.lean_dequant is a form of the register path with dequantized keys "
-                             "(stages 0, keys 'dequant')")
+                             "(stages 0, keys 'dequant' or 'mma')")
+        if self.lean_dequant and (self.stages or self.keys not in ("dequant", "mma")):
+            raise ValueError("GluonVariant.lean_dequant is a form of the register path (stages 0, keys 'dequant' or "
+                             "'mma')")
         if self.pair_words and not self.packed:
             raise ValueError("GluonVariant.pair_words is how the packed form pairs its key params (packed=True)")
-        if self.lazy_rescale and (self.stages or self.keys != "dequant"):
-            raise ValueError("GluonVariant.lazy_rescale is a form of the register path with dequantized keys "
-                             "(stages 0, keys 'dequant')")
+        if self.lazy_rescale and (self.stages or self.keys not in ("dequant", "mma")):
+            raise ValueError("GluonVariant.lazy_rescale is a form of the register path (stages 0, keys 'dequant' or "
+                             "'mma')")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
 
-_KEY_MODES = ("dequant", "fold", "magic")  # the KEYS constexpr of the kernel: 0, 1, 2
+_KEY_MODES = ("dequant", "fold", "magic", "mma")  # the KEYS constexpr of the kernel: 0, 1, 2, 3
 
 GLUON_VARIANTS: dict[str, GluonVariant] = {
     v.name: v
@@ -231,6 +241,12 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # ... and the INT2 dequantization in two instructions per pair (offsets folded, rounded)
         GluonVariant("dnp_r128fslwn", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True),
+        # session 23 (compiled and CPU-checked, not yet run on a GPU): the key params folded into the
+        # query and an accumulator-input MMA (keys="mma"); with the lean INT2 form: lean at INT2, fold at INT4
+        GluonVariant("dnp_r128fslwk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma"),
+        GluonVariant("dnp_r128fslwnk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True, keys="mma"),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -366,6 +382,46 @@ if gl is not None:
         hi = gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, b], dtype=gl.int32,
                                        is_pure=True, pack=1)
         return lo, hi
+
+    @gluon.jit
+    def _folded_keys(x4, k_i4, ks, ko, b_q, BITS: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr,
+                     BLOCK_H: gl.constexpr, LK: gl.constexpr, MMA: gl.constexpr, LQP: gl.constexpr):
+        """``keys="mma"``: the operands of ``K q = sum_c (q_c s_c)(M_c + code_c) + sum_c q_c o'_c``
+        over a tile whose key params are constant (G_K a multiple of BLOCK_N), with ``ks`` / ``ko``
+        the packed (scale, offset) pairs ``[WPL, HALF, 4]``: the code operand ``[BLOCK_N, D]``
+        (A), the scaled query ``q' = fp16(q * s)`` ``[D, BLOCK_H]`` (B; one HMUL2 per pair) and the
+        per-head term ``q . o'`` as an accumulator ``[BLOCK_N, BLOCK_H]`` (an MMA of the offsets,
+        broadcast over 16 rows, with the query). The codes are exact (LOP3 + HSUB2, ``M = 0``): the
+        MMA's products ``q' M`` with the LOP3's magic ``M`` would carry q''s fp16 rounding times
+        ``M + code`` (with the lean shift's ``M`` of 16 / 4 the numpy stand-in measured 7.1e-3
+        relative RMS from the Triton kernel at INT2, twice ``lean_dequant``'s 3.6e-3)."""
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = D * BITS // 128
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        k_lo, k_hi = _code_pairs(x4, k_i4, BITS, True)
+        b_k = gl.convert_layout(gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D]), A_OP, assert_trivial=True)
+        # q' = q * s: the scale pair of k positions (p, p + 1) times the query pair of each head
+        # (the query's pairs are its B-operand registers as they are: no instruction, no register)
+        q_a, q_b = gl.split(gl.permute(gl.reshape(b_q, [WPL, HALF, 4, 2, BLOCK_H]), [0, 1, 2, 4, 3]))
+        q_pk = gl.convert_layout(_pack_f16(q_a, q_b), LQP, assert_trivial=True)
+        s4 = gl.expand_dims(gl.convert_layout(ks, gl.SliceLayout(3, LQP), assert_trivial=True), 3)
+        s4, qp = gl.broadcast(s4, q_pk)
+        qs = gl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [qp, s4], dtype=gl.int32, is_pure=True,
+                                       pack=1)
+        qs_lo, qs_hi = _halves_f16(qs)
+        b_qs = gl.reshape(gl.permute(gl.join(qs_lo, qs_hi), [0, 1, 2, 4, 3]), [D, BLOCK_H])
+        b_qs = gl.convert_layout(b_qs, B_OP, assert_trivial=True)
+        # q . o': the offsets as 16 identical rows of an A operand, so every accumulator row is the term
+        o16 = gl.expand_dims(ko, 0) + gl.zeros([16, WPL, HALF, 4], gl.int32, LK)
+        o_lo, o_hi = _halves_f16(o16)
+        a_o = gl.convert_layout(gl.reshape(gl.join(o_lo, o_hi), [16, D]), A_OP, assert_trivial=True)
+        c16 = mma_v2(a_o, b_q, gl.zeros([16, BLOCK_H], gl.float32, MMA))
+        if BLOCK_N == 16:
+            c_s = c16
+        else:  # 32: the same rows for both m-tiles
+            c_s = gl.convert_layout(gl.reshape(gl.permute(gl.join(c16, c16), [2, 0, 1]), [BLOCK_N, BLOCK_H]), MMA)
+        return b_k, b_qs, c_s
 
     @gluon.jit
     def _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
@@ -529,12 +585,12 @@ if gl is not None:
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
                 LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
                 PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
-                LEAN: gl.constexpr = False):
+                LEAN: gl.constexpr = False, LQP: gl.constexpr = None):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
         tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
         running maximum moves only when the tile outgrows it by more than ``LAZY_TAU``
-        (``GluonVariant.lazy_rescale``)."""
+        (``GluonVariant.lazy_rescale``). KEYS 3 (``keys="mma"``): ``_folded_keys``."""
         HALF: gl.constexpr = 16 // BITS
         W: gl.constexpr = D * BITS // 32
         WPL: gl.constexpr = W // 4
@@ -548,7 +604,8 @@ if gl is not None:
         k_i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k_i, 0), 1), 3)  # [1, 1, HALF, 1]
         x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
         x4, k_i4 = gl.broadcast(x4, k_i4)
-        if KEYS == 0:  # dequantized keys
+        if KEYS == 0 or (KEYS == 3 and LEAN and BITS == 2):  # dequantized keys (keys="mma" defers to
+            # lean_dequant at INT2: two instructions per pair beat the fold's per-tile terms there)
             if PACKED:  # paired at load time (_tile_raw)
                 s_pk = gl.expand_dims(ks0, 0)
                 o_pk = gl.expand_dims(ko0, 0)
@@ -564,6 +621,9 @@ if gl is not None:
             b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
             b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
             b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
+        elif KEYS == 3:  # codes into the MMA; q' = q * scale (HMUL2) and q . offset (an MMA) per tile
+            b_k, b_qs, c_s = _folded_keys(x4, k_i4, ks0, ko0, b_q, BITS, D, BLOCK_N, BLOCK_H, LK, MMA, LQP)
+            b_s = mma_v2(b_k, b_qs, c_s)
         else:  # codes into the MMA, (scale, offset) folded into the query and a per-head term
             k_lo, k_hi = _code_pairs(x4, k_i4, BITS, KEYS == 1)
             b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
@@ -942,7 +1002,7 @@ if gl is not None:
         ROT_OUT: gl.constexpr = False, ROTATE: gl.constexpr = False, LOG2D: gl.constexpr = 7,
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
-        WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False,
+        WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1047,7 +1107,7 @@ if gl is not None:
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                        it * BLOCK_N, lo, WINDOW, LAZY, LEAN)
+                                        it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
@@ -1061,7 +1121,7 @@ if gl is not None:
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                            it * BLOCK_N, lo, WINDOW, LAZY, LEAN)
+                                            it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
                     raw = raw_n
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32
@@ -1147,7 +1207,9 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
     the token (rows g + 8r), the words and pairs of a lane in registers. ``LV``: value pair domain
     ``[WPLV, 2, HALF, 8, BLOCK_N/2]``: lanes with t the token-pair axis (pairs t + 4r) and g the 8-row
     channel axis. ``MMA``: ``mma.sync`` m16n8 accumulators. ``LLOAD``: plain loads (queries, open page).
-    ``LM``: the fused merge's ``[heads, partials, D]`` block loads (4 channels per lane)."""
+    ``LM``: the fused merge's ``[heads, partials, D]`` block loads (4 channels per lane). ``LQP``: the
+    query as f16x2 pairs of the key operand's k positions ``[WPL, HALF, 4, BLOCK_H]`` (``keys="mma"``):
+    lanes ``4h + t``, the pairs of a lane in registers as in ``LK``, i.e. the MMA's B operand."""
     d, w = head_dim, head_dim * bits // 32
     half = 16 // bits
     wpl, wplv = w // 4, w // 8
@@ -1157,6 +1219,7 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
         "MMA": gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]),
         "LLOAD": gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]),
         "LM": gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, 1, 1], [2, 1, 0]),
+        "LQP": gl.BlockedLayout([wpl, half, 1, 1], [1, 1, 4, 8], [1, 1, 1, 1], [2, 3, 1, 0]),
     }
 
 

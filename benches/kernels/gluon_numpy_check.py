@@ -194,6 +194,11 @@ def make_gl(ctx):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
             return T(r.astype(np.uint32).view(np.int32))
+        if asm.startswith("mul.rn.f16x2"):  # a * b on f16x2 pairs (keys="mma": q' = q * scale)
+            a, b = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
+            h = [x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64) for x in (a, b)]
+            r = (h[0] * h[1]).astype(np.float16)
+            return T(np.ascontiguousarray(r).view(np.int32).reshape(a.shape))
         if asm.startswith("fma.rn.f16x2"):  # a * b + c on f16x2 pairs, one rounding (the lean offsets)
             a, b, c = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
             h = [x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64) for x in (a, b, c)]
@@ -276,7 +281,7 @@ def kernel_functions(ctx):
     g["async_copy"] = make_async_copy(ctx)
     g["_PAIR_ASM"] = G._PAIR_ASM.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
-    names = ["_key_param_pairs", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_folded_keys", "_key_param_pairs", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_fused_write", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
