@@ -254,6 +254,10 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.GluonVariant("x", keys="fold", packed=True)
     with pytest.raises(ValueError, match="keys='mma' folds the key params the packed form pairs"):
         gluon_decode.GluonVariant("x", keys="mma")
+    with pytest.raises(ValueError, match="tma must be 0 \\(off\\) or a ring of 2..4 slots .* got tma=3"):
+        gluon_decode.GluonVariant("x", tma=3)
+    with pytest.raises(ValueError, match="got tma=5"):
+        gluon_decode.GluonVariant("x", prefetch=False, packed=True, pair_words=True, tma=5)
     with pytest.raises(ValueError, match="staging_block must be 16, 32 or None, got 8"):
         gluon_decode.GluonVariant("x", staging_block=8)
     with pytest.raises(ValueError, match="fused takes the step's other parts into the register path"):
@@ -337,7 +341,8 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 @pytest.mark.parametrize("bits,scope,flags", [(2, "layer", None), (4, "head", None),
                                               (2, "layer", (True, False, True, True, False, True, True, False))])
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "d16fs", "dnp_r128fs", "regs1s", "dnp_r128fsl",
-                                     "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn"])
+                                     "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn", "dnp_r128fslwk",
+                                     "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -361,7 +366,7 @@ def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, s
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "dnp_r128fs", "regs1s", "dnp_r128fsl",
-                                     "dnp_r128fslw"])
+                                     "dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwt3"])
 def test_gluon_sliding_window(variant, bits, nan_empty):
     """A sliding-window layer on the Gluon stage 1 (``window_left``): windows inside the open page,
     across sealed pages, on a tile boundary and past the start, a request whose last page is
@@ -385,7 +390,7 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl", "dnp_r128fslw",
-                                     "dnp_r128fslwn"])
+                                     "dnp_r128fslwn", "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3"])
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the

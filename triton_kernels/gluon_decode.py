@@ -50,10 +50,11 @@ try:  # Gluon is experimental: absent, or with another API, on other Triton vers
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
     GLUON_IMPORT_ERROR: str | None = None
 except Exception as exc:  # noqa: BLE001 - any failure means: no Gluon path here
-    gluon = gl = mma_v2 = async_copy = None
+    gluon = gl = mma_v2 = async_copy = fence_async_shared = mbarrier = tma = None
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 
@@ -137,6 +138,15 @@ class GluonVariant:
             and lane fewer, 72 shifts and offset fmas more. Not bit-identical: the folded offset is
             rounded to fp16 (within the bounds of the tests; a quality run decides adoption).
             INT4 keeps the three-instruction form (its four codes per half need a shift each).
+        tma: 0, or the slots of a ring that the Hopper tensor-memory accelerator fills with the sealed
+            tiles (code words, key params, value params; ``_tma_issue``), ``tma - 1`` tiles in flight
+            while a tile's math runs, each slot's arrival on an mbarrier: no per-lane address
+            arithmetic and no register holds a tile in flight, the reads back are shared-memory loads
+            (``_tma_read``); token scales stay global loads, one tile ahead. Needs sm_90 and the
+            launcher's tensor descriptors (``gluon_tma_descriptors``); shared memory per program
+            ``tma * (2 BLOCK_N W + D + BLOCK_N D/G_V) * 4`` bytes (3 KB per slot at INT2, D = 128,
+            G_V = 32). Session 22's profile: a warp waited 1.63 cycles per issued instruction on
+            global memory, the largest stall.
     """
 
     name: str
@@ -152,6 +162,7 @@ class GluonVariant:
     lazy_rescale: bool = False
     pair_words: bool = False
     lean_dequant: bool = False
+    tma: int = 0
 
     @property
     def key_mode(self) -> int:
@@ -163,7 +174,7 @@ class GluonVariant:
         return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch,
                 "PACKED": 2 if self.pair_words else self.packed,
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
-                "LEAN": self.lean_dequant}
+                "LEAN": self.lean_dequant, "TMA": self.tma}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -194,6 +205,10 @@ class GluonVariant:
         if self.lazy_rescale and (self.stages or self.keys not in ("dequant", "mma")):
             raise ValueError("GluonVariant.lazy_rescale is a form of the register path (stages 0, keys 'dequant' or "
                              "'mma')")
+        if self.tma and (self.tma not in (2, 3, 4) or self.prefetch or not self.pair_words):
+            raise ValueError(f"GluonVariant.tma must be 0 (off) or a ring of 2..4 slots on the register path without "
+                             f"prefetch whose key params are paired from words (prefetch=False, pair_words=True), got "
+                             f"tma={self.tma}")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -247,6 +262,15 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma"),
         GluonVariant("dnp_r128fslwnk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True, keys="mma"),
+        # ... and the sealed tiles streamed by the TMA into a ring of 3 slots (no register or address
+        # arithmetic per tile in flight)
+        GluonVariant("dnp_r128fslwt3", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, tma=3),
+        GluonVariant("dnp_r128fslwt2", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, tma=2),
+        GluonVariant("dnp_r128fslwnkt3", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma", tma=3),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -483,11 +507,102 @@ if gl is not None:
         w0 = (p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW) // 2 + p_j[None, :, None]
         base = ((page * H + i_h) * (P // G_K) + t0 // G_K) * D  # in words: (2 * D) fp16 per group
         wp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + base + w0
-        s_lo, s_hi = _pair_words(gl.load(wp), gl.load(wp + HALF // 2))
-        o_lo, o_hi = _pair_words(gl.load(wp + D // 2), gl.load(wp + (D + HALF) // 2))
+        return _params_from_words(gl.load(wp), gl.load(wp + HALF // 2), gl.load(wp + D // 2),
+                                  gl.load(wp + (D + HALF) // 2), WPL, HALF, LK)
+
+    @gluon.jit
+    def _params_from_words(s_a, s_b, o_a, o_b, WPL: gl.constexpr, HALF: gl.constexpr, LK: gl.constexpr):
+        """The key (scale, offset) f16x2 pairs ``[WPL, HALF, 4]`` in ``SliceLayout(0, LK)`` from the
+        words ``[WPL, HALF/2, 4]`` of the scales and offsets, each of two neighbouring channels, of
+        the first (``_a``) and second (``_b``) half of each lane's code words: one PRMT per pair."""
+        LKP: gl.constexpr = gl.SliceLayout(0, LK)
+        s_lo, s_hi = _pair_words(s_a, s_b)
+        o_lo, o_hi = _pair_words(o_a, o_b)
         ks = gl.reshape(gl.permute(gl.join(s_lo, s_hi), [0, 1, 3, 2]), [WPL, HALF, 4])
         ko = gl.reshape(gl.permute(gl.join(o_lo, o_hi), [0, 1, 3, 2]), [WPL, HALF, 4])
         return gl.convert_layout(ks, LKP, assert_trivial=True), gl.convert_layout(ko, LKP, assert_trivial=True)
+
+    @gluon.jit
+    def _tma_issue(slot, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc, vp_desc, page, t0, i_h, pred,
+                   H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr,
+                   G_V: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The sealed tile ``[t0, t0 + BLOCK_N)`` of page ``page`` (KV head ``i_h``) by TMA into ring
+        slot ``slot``, all four parts on the slot's mbarrier (``pred`` False: nothing issued): key and
+        value code words ``[BLOCK_N, W]``, the key group's (scales, offsets) row ``[1, D]`` words and
+        the value params, ``BLOCK_N * 2 * D/G_V`` fp16 as rows of 8 (``gluon_tma_descriptors``)."""
+        W: gl.constexpr = D * BITS // 32
+        NG: gl.constexpr = D // G_V
+        row0 = ((page * H + i_h) * P + t0).to(gl.int32)
+        bar = bars.index(slot)
+        mbarrier.expect(bar, 8 * BLOCK_N * W + 4 * D + 4 * BLOCK_N * NG, pred=pred)
+        tma.async_copy_global_to_shared(kw_desc, [row0, 0], bar, kw_b.index(slot), pred=pred)
+        tma.async_copy_global_to_shared(vw_desc, [row0, 0], bar, vw_b.index(slot), pred=pred)
+        tma.async_copy_global_to_shared(kp_desc, [((page * H + i_h) * (P // G_K) + t0 // G_K).to(gl.int32), 0], bar,
+                                        kp_b.index(slot), pred=pred)
+        tma.async_copy_global_to_shared(vp_desc, [row0 * NG // 4, 0], bar, vp_b.index(slot), pred=pred)
+
+    @gluon.jit
+    def _tma_read(slot, kw_b, kp_b, vw_b, vp_b, D: gl.constexpr, BITS: gl.constexpr, G_V: gl.constexpr,
+                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LTK: gl.constexpr, LTV: gl.constexpr,
+                  LTP: gl.constexpr):
+        """Ring slot ``slot`` read back in the operand-domain layouts, as ``_tile_raw`` returns them
+        (packed form): key words ``[BLOCK_N, WPL, 4]``, key (scale, offset) pairs ``[WPL, HALF, 4]``,
+        value words of the even / odd tokens ``[WPLV, 8, NP]`` and the value (scale, offset) pairs of
+        each token pair ``[8, NP]``. Each is a view of the slot's bytes (``_reinterpret`` with a plain
+        strided shared layout) loaded in a layout whose lanes hold what their operand registers
+        use; the splits and reshapes after the loads are register renamings (``assert_trivial``)."""
+        W: gl.constexpr = D * BITS // 32
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = W // 4
+        WPLV: gl.constexpr = W // 8
+        NP: gl.constexpr = BLOCK_N // 2
+        NG: gl.constexpr = D // G_V
+        # key words: word m*W + t*WPL + wi
+        SK: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 2, 0])
+        kw = kw_b.index(slot)._reinterpret(gl.int32, [BLOCK_N, WPL, 4], SK).load(gl.SliceLayout(2, LK))
+        # key params: word so*D/2 + t*D/8 + wi*HALF + hh*HALF/2 + j as [1, wi, j, t, so, hh]
+        SP: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 5, 1, 3, 4, 0])
+        kp = kp_b.index(slot)._reinterpret(gl.int32, [1, WPL, HALF // 2, 4, 2, 2], SP).load(LTK)
+        h_a, h_b = gl.split(gl.reshape(kp, [WPL, HALF // 2, 4, 2, 2]))
+        s_a, o_a = gl.split(h_a)
+        s_b, o_b = gl.split(h_b)
+        LKW2: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, WPL, HALF // 2, 1], [8, 1, 1, 4], [1, 1, 1, 1],
+                                                                [3, 2, 1, 0]))
+        ks, ko = _params_from_words(gl.convert_layout(s_a, LKW2, assert_trivial=True),
+                                    gl.convert_layout(s_b, LKW2, assert_trivial=True),
+                                    gl.convert_layout(o_a, LKW2, assert_trivial=True),
+                                    gl.convert_layout(o_b, LKW2, assert_trivial=True), WPL, HALF, LK)
+        # value words: word (2tp + par)*W + g*WPLV + wv as [wv, g, tp, par]
+        SV: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 3, 2])
+        vw = vw_b.index(slot)._reinterpret(gl.int32, [WPLV, 8, NP, 2], SV).load(LTV)
+        vw0, vw1 = gl.split(vw)
+        LVW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LV))
+        vw0 = gl.convert_layout(vw0, LVW, assert_trivial=True)
+        vw1 = gl.convert_layout(vw1, LVW, assert_trivial=True)
+        # value params: fp16 (2tp + par)*2NG + so*NG + q as [q, tp, so, par]; lane (g, t) takes group
+        # q = g // (8/NG): loaded once per group of lanes (LTP's lane bases), broadcast to g
+        SQ: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 2, 3, 1])
+        vp = vp_b.index(slot)._reinterpret(gl.float16, [NG, NP, 2, 2], SQ).load(gl.SliceLayout(1, LTP))
+        vp = gl.broadcast(gl.expand_dims(vp, 1), gl.zeros([NG, 8 // NG, NP, 2, 2], gl.float16, LTP))[0]
+        p_e, p_o = gl.split(gl.reshape(vp, [8, NP, 2, 2]))  # even / odd token of each pair
+        vs_e, vo_e = gl.split(p_e)
+        vs_o, vo_o = gl.split(p_o)
+        LVP: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LV)))
+        vs = _pack_f16(gl.convert_layout(vs_e, LVP, assert_trivial=True), gl.convert_layout(vs_o, LVP, assert_trivial=True))
+        vo = _pack_f16(gl.convert_layout(vo_e, LVP, assert_trivial=True), gl.convert_layout(vo_o, LVP, assert_trivial=True))
+        return kw, ks, ko, vw0, vw1, vs, vo
+
+    @gluon.jit
+    def _tile_scales(page, t0, s_col, scale_ptr, P: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
+                     LS: gl.constexpr):
+        """Token scales s_t of tokens ``[t0, t0 + BLOCK_N)`` of page ``page`` ``[BLOCK_N]`` (the logits'
+        rows; ones when the pool has none)."""
+        o_s = gl.arange(0, BLOCK_N, layout=LS)
+        if S > 0:
+            st = gl.load(scale_ptr + (page * P + t0 + o_s) * S + s_col)
+        else:
+            st = gl.full([BLOCK_N], 1.0, gl.float32, LS)
+        return st
 
     @gluon.jit
     def _tile_small(page, t0, i_h, s_col, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr, P: gl.constexpr,
@@ -498,11 +613,7 @@ if gl is not None:
         NG: gl.constexpr = D // G_V
         NP: gl.constexpr = BLOCK_N // 2
         row0 = (page * H + i_h) * P + t0
-        o_s = gl.arange(0, BLOCK_N, layout=LS)
-        if S > 0:
-            st = gl.load(scale_ptr + (page * P + t0 + o_s) * S + s_col)
-        else:
-            st = gl.full([BLOCK_N], 1.0, gl.float32, LS)
+        st = _tile_scales(page, t0, s_col, scale_ptr, P, S, BLOCK_N, LS)
         LVP: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LV)))
         q_g = gl.arange(0, 8, layout=gl.SliceLayout(1, LVP))
         q_tp = gl.arange(0, NP, layout=gl.SliceLayout(0, LVP))
@@ -994,6 +1105,7 @@ if gl is not None:
         page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
         q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, krot_ptr, counter_ptr, out_ptr,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, sm_scale_log2, window_left,
+        kw_desc, kp_desc, vw_desc, vp_desc,
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
@@ -1003,6 +1115,7 @@ if gl is not None:
         INV_SQRT_D: gl.constexpr = 1.0, KEY_MASK: gl.constexpr = False, BLOCK_HK: gl.constexpr = 8,
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
         WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
+        TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1099,7 +1212,44 @@ if gl is not None:
         b_q = gl.convert_layout(b_q.to(gl.float16), B_OP)
         LS: gl.constexpr = gl.SliceLayout(1, MMA)
         pg_idx = page_idx_ptr + kv_start
-        if STAGES == 0 and not PREFETCH:  # each tile loaded right before its math (more programs per SM instead)
+        if TMA:  # a TMA ring of TMA slots, TMA - 1 tiles in flight during a tile's math (GluonVariant.tma)
+            W: gl.constexpr = D * BITS // 32
+            NG: gl.constexpr = D // G_V
+            kw_b = gl.allocate_shared_memory(gl.int32, [TMA, BLOCK_N, W], kw_desc.layout)
+            vw_b = gl.allocate_shared_memory(gl.int32, [TMA, BLOCK_N, W], vw_desc.layout)
+            kp_b = gl.allocate_shared_memory(gl.int32, [TMA, 1, D], kp_desc.layout)
+            vp_b = gl.allocate_shared_memory(gl.float16, [TMA, BLOCK_N * NG // 4, 8], vp_desc.layout)
+            bars = gl.allocate_shared_memory(gl.int64, [TMA, 1], mbarrier.MBarrierLayout())
+            for j in gl.static_range(TMA):
+                mbarrier.init(bars.index(j), count=1)
+            fence_async_shared()
+            if t_lo < t_hi:
+                for j in gl.static_range(TMA - 1):  # prologue: tiles t_lo .. t_lo + TMA - 2 (those that exist)
+                    page_j = gl.load(pg_idx + gl.minimum(t_lo + j, t_hi - 1) // TPP).to(gl.int64)
+                    _tma_issue(j, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc, vp_desc, page_j,
+                               ((t_lo + j) % TPP) * BLOCK_N, i_h, t_lo + j < t_hi, H, D, BITS, P, G_K, G_V, BLOCK_N)
+                page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
+                st = _tile_scales(page, (t_lo % TPP) * BLOCK_N, s_col, scale_ptr, P, S, BLOCK_N, LS)
+                page_x = gl.load(pg_idx + gl.minimum(t_lo + TMA - 1, t_hi - 1) // TPP).to(gl.int64)
+                for it in range(t_lo, t_hi):
+                    k = it - t_lo
+                    # refill the slot read last iteration (its loads' values are consumed: no reader left)
+                    nx = it + TMA - 1
+                    _tma_issue((k + TMA - 1) % TMA, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc, vp_desc,
+                               page_x, (nx % TPP) * BLOCK_N, i_h, nx < t_hi, H, D, BITS, P, G_K, G_V, BLOCK_N)
+                    # the next refill's page and the next tile's token scales, a tile ahead in registers
+                    page_x = gl.load(pg_idx + gl.minimum(nx + 1, t_hi - 1) // TPP).to(gl.int64)
+                    nt = gl.minimum(it + 1, t_hi - 1)
+                    page_n = gl.load(pg_idx + nt // TPP).to(gl.int64)
+                    st_n = _tile_scales(page_n, (nt % TPP) * BLOCK_N, s_col, scale_ptr, P, S, BLOCK_N, LS)
+                    mbarrier.wait(bars.index(k % TMA), (k // TMA) & 1)
+                    kw, ks0, ko0, vw0, vw1, vs0, vo0 = _tma_read(k % TMA, kw_b, kp_b, vw_b, vp_b, D, BITS, G_V, BLOCK_N,
+                                                                 LK, LV, LTK, LTV, LTP)
+                    m_i, l_i, acc = _attend(b_q, kw, ks0, ks0, ko0, ko0, st, vw0, vw1, vs0, vs0, vo0, vo0, m_i, l_i,
+                                            acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
+                                            it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
+                    st = st_n
+        elif STAGES == 0 and not PREFETCH:  # each tile loaded right before its math (more programs per SM instead)
             for it in range(t_lo, t_hi):
                 page = gl.load(pg_idx + it // TPP).to(gl.int64)
                 kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
@@ -1200,7 +1350,7 @@ if gl is not None:
                 gl.atomic_xchg(o_cnt, 0, sem="relaxed", scope="gpu")
 
 
-def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> dict[str, object]:
+def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int, v_group: int = 32) -> dict[str, object]:
     """The compile-time layouts of ``_gluon_decode_stage1_kernel`` (one warp), by parameter name.
 
     ``LK``: key pair domain ``[BLOCK_N, WPL, HALF, 4]``: lanes ``4g + t`` with t the last axis and g
@@ -1209,10 +1359,22 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
     channel axis. ``MMA``: ``mma.sync`` m16n8 accumulators. ``LLOAD``: plain loads (queries, open page).
     ``LM``: the fused merge's ``[heads, partials, D]`` block loads (4 channels per lane). ``LQP``: the
     query as f16x2 pairs of the key operand's k positions ``[WPL, HALF, 4, BLOCK_H]`` (``keys="mma"``):
-    lanes ``4h + t``, the pairs of a lane in registers as in ``LK``, i.e. the MMA's B operand."""
+    lanes ``4h + t``, the pairs of a lane in registers as in ``LK``, i.e. the MMA's B operand.
+    ``LTK`` / ``LTV`` / ``LTP``: how a TMA ring slot's key params ``[1, WPL, HALF/2, 4, 2, 2]``, value
+    words ``[WPLV, 8, NP, 2]`` and value params ``[NG, 8/NG, NP, 2, 2]`` are read back
+    (``_tma_read``): each lane the words its operand registers use, the split axes the first
+    registers. The value params' lanes ``4g + t`` take group ``q = g // (8/NG)`` and token pairs
+    ``t + 4r`` (a linear layout: the lanes of one group read the same params)."""
     d, w = head_dim, head_dim * bits // 32
     half = 16 // bits
     wpl, wplv = w // 4, w // 8
+    ng, np_ = d // v_group, block_n // 2
+    b_bits = (8 // ng).bit_length() - 1  # low bits of g that pick the lane inside a group (replicated)
+    ltp = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 0, 1], [0, 0, 0, 1, 0]] + [[0, 0, 1 << j, 0, 0] for j in range(2, np_.bit_length() - 1)],
+        lane_bases=[[0, 0, 1, 0, 0], [0, 0, 2, 0, 0]] + [[0, 1 << j, 0, 0, 0] if j < b_bits else
+                                                        [1 << (j - b_bits), 0, 0, 0, 0] for j in range(3)],
+        warp_bases=[], block_bases=[], shape=[ng, 8 // ng, np_, 2, 2]) if ng <= 8 and np_ >= 4 else None
     return {
         "LK": gl.BlockedLayout([1, wpl, half, 1], [8, 1, 1, 4], [1, 1, 1, 1], [3, 2, 1, 0]),
         "LV": gl.BlockedLayout([wplv, 2, half, 1, 1], [1, 1, 1, 8, 4], [1, 1, 1, 1, 1], [4, 3, 2, 1, 0]),
@@ -1220,7 +1382,34 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int) -> di
         "LLOAD": gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]),
         "LM": gl.BlockedLayout([1, 1, 4], [1, 1, 32], [1, 1, 1], [2, 1, 0]),
         "LQP": gl.BlockedLayout([wpl, half, 1, 1], [1, 1, 4, 8], [1, 1, 1, 1], [2, 3, 1, 0]),
+        "LTK": gl.BlockedLayout([1, wpl, half // 2, 1, 2, 2], [8, 1, 1, 4, 1, 1], [1] * 6, [5, 4, 2, 1, 3, 0]),
+        "LTV": gl.BlockedLayout([wplv, 1, 1, 2], [1, 8, 4, 1], [1, 1, 1, 1], [3, 0, 2, 1]),
+        "LTP": ltp,
     }
+
+
+def gluon_tma_descriptors(pool_args: dict[str, object], block_n: int) -> dict[str, object]:
+    """The host tensor descriptors a ``tma`` variant's ring reads the sealed pages through, by kernel
+    parameter name: the key and value code words as ``[pages * H * P, W]`` int32 (a tile is
+    ``[block_n, W]``), the key params as ``[pages * H * P/G_K, D]`` int32 words (one group's fp16
+    (scales, offsets) row ``[1, D]``) and the value params as rows of 8 fp16 (a tile's
+    ``block_n * 2 * D/G_V`` fp16 are contiguous: ``[block_n * D/G_V / 4, 8]``), each with an
+    unswizzled ``NVMMASharedLayout`` (the kernel reads the slots back through strided views).
+    The TMA's limits hold for every pool the launcher accepts: 16-byte aligned bases and row
+    strides (the pool's pages are whole multiples of 16 bytes), rows of at least 16 bytes, boxes of
+    at most 256 rows."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    kw, kp, vw, vp = pool_args["kw_ptr"], pool_args["kp_ptr"], pool_args["vw_ptr"], pool_args["vp_ptr"]
+    w, d, ng = kw.shape[-1], kp.shape[-1], vp.shape[-1]
+
+    def desc(t: torch.Tensor, cols: int, block: list[int]) -> TensorDescriptor:
+        t2 = t.reshape(-1, cols)
+        lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t2.element_size() * 8, rank=2)
+        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), block, lay)
+
+    return {"kw_desc": desc(kw, w, [block_n, w]), "kp_desc": desc(kp, d, [1, d]), "vw_desc": desc(vw, w, [block_n, w]),
+            "vp_desc": desc(vp.view(torch.float16), 8, [block_n * ng // 4, 8])}
 
 
 def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], group: int, kv_indptr: torch.Tensor,
@@ -1254,7 +1443,10 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     q, new_k, out = f.get("q_ptr"), f.get("new_k_ptr"), f.get("out_ptr")
     write = new_k is not None
     block_g = max(1, 1 << (group - 1).bit_length())
+    descs = (gluon_tma_descriptors(pool_args, block_n) if var.tma else
+             {"kw_desc": None, "kp_desc": None, "vw_desc": None, "vp_desc": None})
     _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
+        **descs,
         qrot_ptr=q_rot, kw_ptr=pool_args["kw_ptr"], kp_ptr=pool_args["kp_ptr"].view(torch.float16),
         vw_ptr=pool_args["vw_ptr"], vp_ptr=pool_args["vp_ptr"].view(torch.float16), scale_ptr=pool_args["scale_ptr"],
         stg_k_ptr=pool_args["stg_k_ptr"], stg_v_ptr=pool_args["stg_v_ptr"], p2s_ptr=pool_args["p2s_ptr"],
@@ -1274,7 +1466,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         WINDOW=window_left is not None, H=h, GROUP=group, BLOCK_H=block_h, D=d,
         BITS=pool_args["BITS"], P=pool_args["P"], G_K=pool_args["G_K"], G_V=pool_args["G_V"], S=pool_args["S"],
         BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
-        **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h),
+        **gluon_layouts(bits=pool_args["BITS"], head_dim=d, block_n=block_n, block_h=block_h, v_group=pool_args["G_V"]),
         ROT_Q=q is not None, WRITE=write, ROT_OUT=var.fused, ROTATE=bool(f.get("ROTATE", False)),
         LOG2D=f.get("LOG2D", d.bit_length() - 1), INV_SQRT_D=f.get("INV_SQRT_D", d ** -0.5),
         KEY_MASK=bool(f.get("KEY_MASK", False)), BLOCK_HK=max(1, 1 << (h - 1).bit_length()),

@@ -29,6 +29,8 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
+from triton.experimental.gluon import language as gl
+
 from oscar_sgl.kernels import gluon_decode as G
 
 SIGNATURE = {
@@ -56,8 +58,20 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
                  ROT_Q=var.fused, WRITE=var.fused, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h, MERGE=var.fused, BLOCK_G=block_g,
                  CHUNK=max(1, 2048 // (block_g * d)), WINDOW=window,
-                 **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h))
+                 **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h, v_group=v_group))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
+    if var.tma:  # the launcher's TMA descriptors (gluon_tma_descriptors): their block types and layouts
+        w, ng = d * bits // 32, d // v_group
+        for name, (dt, block, bw) in {"kw_desc": ("i32", [block_n, w], 32), "kp_desc": ("i32", [1, d], 32),
+                                      "vw_desc": ("i32", [block_n, w], 32),
+                                      "vp_desc": ("fp16", [block_n * ng // 4, 8], 16)}.items():
+            lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bw, rank=2)
+            sig[name] = f"tensordesc<{dt}[{block[0]}, {block[1]}],{lay!r}>"
+    else:
+        for name in ("kw_desc", "kp_desc", "vw_desc", "vp_desc"):
+            sig[name] = "constexpr"
+            const[name] = None
+    sig = {name: sig[name] for name in G._gluon_decode_stage1_kernel.arg_names if name in sig}  # the kernel's order
     from triton.experimental.gluon._runtime import GluonASTSource
 
     # what a launch specializes on: every pointer 16-byte aligned (torch allocations are)

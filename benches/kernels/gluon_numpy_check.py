@@ -232,7 +232,9 @@ def make_gl(ctx):
 
     # shared memory: a numpy array per allocation; cp.async copies are queued per commit group and
     # land only when a wait_group lets them (so a ring slot read before its wait reads stale data)
-    gl.SwizzledSharedLayout = lambda *a, **k: None
+    # a plain strided shared layout: its order (fastest dim first) is what a _reinterpret view needs
+    gl.SwizzledSharedLayout = lambda vec, per_phase, max_phase, order, **k: types.SimpleNamespace(order=list(order))
+    gl.DistributedLinearLayout = lambda *a, **k: None
     gl.static_range = range
     gl.thread_barrier = lambda: None
     gl.allocate_shared_memory = lambda dt, shape, layout: Smem(np.zeros(shape, dtype=_NP[dt.name]))
@@ -241,14 +243,73 @@ def make_gl(ctx):
 
 
 class Smem:
-    def __init__(self, arr, slot=None):
-        self.arr, self.slot = arr, slot
+    def __init__(self, arr, slot=None, view=None):
+        self.arr, self.slot, self.view = arr, slot, view
 
     def index(self, i):
         return Smem(self.arr, int(_a(i)))
 
+    def _reinterpret(self, dtype, shape, layout):
+        """The slot's bytes as a tensor of ``shape`` whose memory order is ``layout.order``
+        (fastest dim first), as ``SwizzledSharedLayout(1, 1, 1, order)`` lays it out."""
+        return Smem(self.arr, self.slot, (_NP[dtype.name], list(shape), list(layout.order)))
+
     def load(self, layout):
-        return T(self.arr[self.slot].copy())
+        if self.view is None:
+            return T(self.arr[self.slot].copy())
+        dt, shape, order = self.view
+        flat = np.ascontiguousarray(self.arr[self.slot]).reshape(-1).view(dt)
+        slow = list(reversed(order))
+        a = flat.reshape([shape[d] for d in slow])
+        return T(a.transpose([slow.index(d) for d in range(len(shape))]).copy())
+
+
+class Desc:
+    """A TMA tensor descriptor: a 2D numpy view of a pool tensor and the block one copy moves."""
+
+    def __init__(self, arr2d, block):
+        self.arr2d, self.block, self.layout = arr2d, list(block), None
+
+
+def make_tma(ctx):
+    """TMA copies and mbarriers: a copy is queued on its barrier and lands when a wait on that
+    barrier returns (so a slot read before its wait reads stale data); ``expect`` records the bytes
+    the barrier's phase waits for and the copies must add up to them."""
+    pend = ctx.setdefault("tma", {})
+
+    def copy(desc, coord, bar, dst, pred=True):
+        if not bool(_a(pred)):
+            return
+        r, c = (int(_a(x)) for x in coord)
+        br, bc = desc.block
+        block = np.zeros((br, bc), desc.arr2d.dtype)  # out of bounds: zero fill, as the TMA does
+        src = desc.arr2d[r:r + br, c:c + bc]
+        block[:src.shape[0], :src.shape[1]] = src
+        pend.setdefault(id(bar.arr), []).append((dst.arr, dst.slot, block, bar.slot))
+
+    def expect(bar, nbytes, pred=True):
+        if bool(_a(pred)):
+            ctx.setdefault("tma_bytes", {})[(id(bar.arr), bar.slot)] = int(nbytes)
+
+    def wait(bar, phase, pred=True, deps=()):
+        todo = [x for x in pend.get(id(bar.arr), []) if x[3] == bar.slot]
+        pend[id(bar.arr)] = [x for x in pend.get(id(bar.arr), []) if x[3] != bar.slot]
+        got = sum(b.nbytes for _, _, b, _ in todo)
+        want = ctx.get("tma_bytes", {}).pop((id(bar.arr), bar.slot), None)
+        assert todo and got == want, f"mbarrier wait: {got} bytes arrived, {want} expected"
+        # the phase this wait completes: its parity is what try_wait.parity must be given (a wrong
+        # parity returns at once on the GPU, before the copies land)
+        done = ctx.setdefault("tma_phase", {})
+        key = (id(bar.arr), bar.slot)
+        assert int(_a(phase)) == done.get(key, 0) % 2, f"mbarrier wait with parity {int(_a(phase))} on phase {done.get(key, 0)}"
+        done[key] = done.get(key, 0) + 1
+        for dst, slot, block, _ in todo:
+            dst[slot] = block.reshape(dst[slot].shape)
+
+    tma = types.SimpleNamespace(async_copy_global_to_shared=copy)
+    mbar = types.SimpleNamespace(init=lambda bar, count: None, expect=expect, wait=wait,
+                                 MBarrierLayout=lambda *a, **k: None)
+    return tma, mbar
 
 
 def make_async_copy(ctx):
@@ -279,9 +340,11 @@ def kernel_functions(ctx):
     g["gl"] = make_gl(ctx)
     g["mma_v2"] = mma
     g["async_copy"] = make_async_copy(ctx)
+    g["tma"], g["mbarrier"] = make_tma(ctx)
+    g["fence_async_shared"] = lambda: None
     g["_PAIR_ASM"] = G._PAIR_ASM.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
-    names = ["_folded_keys", "_key_param_pairs", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_fused_write", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
@@ -345,13 +408,14 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
         ROT_Q=q is not None, WRITE=write, ROT_OUT=var.fused, KEY_MASK=krot is not None and rotate["ROTATE"],
         BLOCK_HK=max(1, 1 << (h - 1).bit_length()), MERGE=out is not None,
         BLOCK_G=max(1, 1 << (group - 1).bit_length()), CHUNK=max(1, 2048 // (max(1, 1 << (group - 1).bit_length()) * d)),
-        LM=None, **rotate,
+        LM=None, **rotate, **_tma_descriptors(args, var, block_n),
     )  # fmt: skip
     block_h = max(8, 1 << (group - 1).bit_length())
     for ib in range(b):
         for ih in range(h):
             for isp in range(n_part):
                 ctx["pid"] = (ib, ih, isp)
+                ctx["tma_phase"], ctx["tma_bytes"] = {}, {}  # a fresh program: fresh barriers
                 fns["async_copy"].wait_group(0)  # a fresh program: no copy of the last one pending
                 fns["_gluon_decode_stage1_kernel"](
                     *ptrs, **extra, sm_scale_log2=np.float32(sm_scale * math.log2(math.e)),
@@ -361,6 +425,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
                     LLOAD=None, **var.constexprs(),
                 )  # fmt: skip
                 assert not ctx["copies"]["groups"] and not ctx["copies"]["open"], "the program left cp.async groups pending"
+                assert not any(ctx.get("tma", {}).values()), "the program left TMA copies pending"
     part_o.copy_(torch.from_numpy(po).view(part_o.shape))
     part_lse.copy_(torch.from_numpy(pl).view(part_lse.shape))
     if q is not None:
@@ -373,6 +438,22 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
         pool.layer.staging_v.copy_(torch.from_numpy(stg_v).view(pool.layer.staging_v.shape).bfloat16())
         if f.get("staging_scale") is not None:
             f["staging_scale"].copy_(torch.from_numpy(stg_s).view(f["staging_scale"].shape))
+
+
+def _tma_descriptors(args, var, block_n):
+    """``gluon_tma_descriptors``' blocks over numpy copies of the pool (None without ``tma``)."""
+    if not var.tma:
+        return {"kw_desc": None, "kp_desc": None, "vw_desc": None, "vp_desc": None}
+    d, g_v = args["vw_ptr"].shape[-1] * 32 // args["BITS"], args["G_V"]
+    w, ng = args["kw_ptr"].shape[-1], d // g_v
+
+    def two_d(t, cols, dt=None):
+        return (t.detach().cpu() if dt is None else t.detach().cpu().view(dt)).reshape(-1, cols).numpy()
+
+    return {"kw_desc": Desc(two_d(args["kw_ptr"], w), (block_n, w)),
+            "kp_desc": Desc(two_d(args["kp_ptr"], d), (1, d)),
+            "vw_desc": Desc(two_d(args["vw_ptr"], w), (block_n, w)),
+            "vp_desc": Desc(two_d(args["vp_ptr"], 8, torch.float16), (block_n * ng // 4, 8))}
 
 
 def _merge_in_launch(n_split, group, d):
