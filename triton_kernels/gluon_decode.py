@@ -593,6 +593,20 @@ if gl is not None:
         return kw, ks, ko, vw0, vw1, vs, vo
 
     @gluon.jit
+    def _row_partials(l_i, BLOCK_N: gl.constexpr, MMA: gl.constexpr):
+        """A running sum ``[BLOCK_H]`` as per-lane partials ``[8, BLOCK_H]`` (``_fold_rows``'s layout):
+        ``lazy_rescale``'s sealed loop adds each tile's probabilities to them without a cross-lane
+        reduction; ``gl.sum(axis=0)`` after the loop gives the sum back."""
+        o_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        return _fold_rows(gl.where((o_r == 0)[:, None], l_i[None, :], 0.0), BLOCK_N)
+
+    @gluon.jit
+    def _fold_rows(x, BLOCK_N: gl.constexpr):
+        """``[BLOCK_N, BLOCK_H]`` in the MMA layout -> ``[8, BLOCK_H]``: the rows a lane holds (row
+        bits 3 and up are registers) summed inside the lane, no cross-lane step."""
+        return gl.sum(gl.reshape(x, [BLOCK_N // 8, 8, x.shape[1]]), axis=0)
+
+    @gluon.jit
     def _tile_scales(page, t0, s_col, scale_ptr, P: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
                      LS: gl.constexpr):
         """Token scales s_t of tokens ``[t0, t0 + BLOCK_N)`` of page ``page`` ``[BLOCK_N]`` (the logits'
@@ -701,7 +715,8 @@ if gl is not None:
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
         tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
         running maximum moves only when the tile outgrows it by more than ``LAZY_TAU``
-        (``GluonVariant.lazy_rescale``). KEYS 3 (``keys="mma"``): ``_folded_keys``."""
+        (``GluonVariant.lazy_rescale``) and ``l_i`` is the running sum's per-lane partials ``[8, BLOCK_H]``
+        (``_row_partials``), reduced across the lanes once after the loop instead of every tile. KEYS 3 (``keys="mma"``): ``_folded_keys``."""
         HALF: gl.constexpr = 16 // BITS
         W: gl.constexpr = D * BITS // 32
         WPL: gl.constexpr = W // 4
@@ -763,11 +778,11 @@ if gl is not None:
             if grow > 0:
                 alpha = gl.exp2(m_i - m_new)
                 acc = acc * alpha[None, :]
-                l_i = l_i * alpha
+                l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(0, l_i.type.layout))[None, :]
                 m_i = m_new
             m_new = m_i
             b_p = gl.exp2(b_s - m_new[None, :])
-            l_i = l_i + gl.sum(b_p, axis=0)
+            l_i = l_i + _fold_rows(b_p, BLOCK_N)  # per-lane partials (_row_partials): reduced after the loop
         else:
             alpha = gl.exp2(m_i - m_new)
             b_p = gl.exp2(b_s - m_new[None, :])
@@ -1231,6 +1246,8 @@ if gl is not None:
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
                 st = _tile_scales(page, (t_lo % TPP) * BLOCK_N, s_col, scale_ptr, P, S, BLOCK_N, LS)
                 page_x = gl.load(pg_idx + gl.minimum(t_lo + TMA - 1, t_hi - 1) // TPP).to(gl.int64)
+                if LAZY:
+                    l_i = _row_partials(l_i, BLOCK_N, MMA)
                 for it in range(t_lo, t_hi):
                     k = it - t_lo
                     # refill the slot read last iteration (its loads' values are consumed: no reader left)
@@ -1249,7 +1266,11 @@ if gl is not None:
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                             it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
                     st = st_n
+                if LAZY:
+                    l_i = gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
         elif STAGES == 0 and not PREFETCH:  # each tile loaded right before its math (more programs per SM instead)
+            if LAZY:
+                l_i = _row_partials(l_i, BLOCK_N, MMA)
             for it in range(t_lo, t_hi):
                 page = gl.load(pg_idx + it // TPP).to(gl.int64)
                 kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
@@ -1258,8 +1279,12 @@ if gl is not None:
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                         it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
+            if LAZY:
+                l_i = gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
+                if LAZY:
+                    l_i = _row_partials(l_i, BLOCK_N, MMA)
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
                 raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
                                 H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)
@@ -1273,6 +1298,8 @@ if gl is not None:
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                             it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
                     raw = raw_n
+                if LAZY:
+                    l_i = gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32
             SL3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 2, 0])  # [(S,) BLOCK_N, WPL, 4]: m*W + t*WPL + wi
