@@ -212,6 +212,26 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
+@pytest.mark.parametrize("variant", ["dnp_r128fslwt3", "dnp_r128fslwnkt3"])
+@pytest.mark.parametrize("fmt,block_n", [({"v_group": 16}, 32), ({"v_group": 64}, 16), ({"v_group": 128}, 32),
+                                         ({"k_group": 64}, 32), ({"k_group": 16}, 16)])
+def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, block_n):
+    """The TMA ring's views over other value and key group sizes than the paper format's (the value
+    params' slot view and its broadcast from D/G_V groups to the 8 lane rows, a key group spanning
+    two tiles or exactly one 16-token tile), with the folded keys: the numpy stand-in against the
+    reference and the Triton kernel, INT2 and INT4. (The lean INT2 rounding grows with the value
+    group: 7.5e-3 from the reference at G_V = 64, 5.8e-3 at 128, 3.9e-3 at 16; hence its bound.)"""
+    chk = _numpy_check_module()
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 2, 4, 64, [3 * 64 + 5, 64, 64 + 30], {1, 2}, "layer", block_n, 3, bits + 40,
+                               variant, fmt=fmt)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} {fmt} INT{bits} vs reference: {err:.2e}"
+        assert agree < _bound(variant, bits, 1e-3), f"{variant} {fmt} INT{bits} vs Triton: relative RMS {agree:.2e}"
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
 @pytest.mark.parametrize("variant", [v for v in _source_paths() if gluon_decode.GLUON_VARIANTS[v].fused])
 @pytest.mark.parametrize("bits,scope,flags,merge,heads", [(2, "layer", None, False, 8), (4, "head", None, True, 8),
                                                           (2, "layer", (True, False) * 4, True, 8),

@@ -467,9 +467,13 @@ def _merge_in_launch(n_split, group, d):
     return n_split + 1 <= 2 * cap
 
 
-def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1", window_left=None):
+def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1", window_left=None,
+          fmt=None):
+    """One pool, its Gluon stage 1 (the numpy stand-in) against the reference and the Triton kernel:
+    (relative RMS vs the reference, vs the Triton kernel). ``fmt``: fields over PAPER_FORMAT (the
+    format the Gluon design reads), e.g. other value or key group sizes."""
     d = 128
-    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **PAPER_FORMAT)  # the format the Gluon design reads
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **{**PAPER_FORMAT, **(fmt or {})})
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
                       device=torch.device("cpu"), seed=seed)
     q = torch.randn(len(lens), h * g, d, generator=torch.Generator().manual_seed(seed)).bfloat16()
@@ -495,7 +499,7 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
                                  seq_lens=pool.seq_lens, sm_scale=sm, out=torch.empty(q.shape), _tuning=tune,
                                  window_left=window_left)
     agree = rel_rms(out, tri)
-    print(f"{variant} INT{bits} H={h} group={g} P={p} {scope} block_n={block_n} splits={n_split}"
+    print(f"{variant} INT{bits} H={h} group={g} P={p} {scope} block_n={block_n} splits={n_split} {fmt or ''}"
           f"{'' if window_left is None else f' window {window_left}'}: relative RMS vs reference {err:.2e}, "
           f"vs the Triton kernel {agree:.2e}")
     return err, agree
