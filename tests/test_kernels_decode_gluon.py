@@ -165,7 +165,8 @@ _needs_interpreter = pytest.mark.skipif(
 #: Fused variants whose whole-step CPU run (~15 s a case) would repeat others': the ring's slot
 #: count alone (t2 = t3) and the union of two checked forms (lean at INT2, folded keys at INT4).
 #: Their own source runs in test_gluon_source_runs_right_on_the_cpu, their steps on a GPU.
-_STEP_COVERED_BY = {"dnp_r128fslwt2": "dnp_r128fslwt3", "dnp_r128fslwnk": "dnp_r128fslwn, dnp_r128fslwk"}
+_STEP_COVERED_BY = {"dnp_r128fslwt2": "dnp_r128fslwt3", "dnp_r128fslwnk": "dnp_r128fslwn, dnp_r128fslwk",
+                    "dnp_r128fslwt2x2": "dnp_r128fslwnkt2x2"}
 
 
 def _numpy_check_module():
@@ -218,7 +219,7 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
-@pytest.mark.parametrize("variant", ["dnp_r128fslwt3", "dnp_r128fslwnkt3"])
+@pytest.mark.parametrize("variant", ["dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2"])
 @pytest.mark.parametrize("fmt,block_n", [({"v_group": 16}, 32), ({"v_group": 64}, 16), ({"v_group": 128}, 32),
                                          ({"k_group": 64}, 32), ({"k_group": 16}, 16)])
 def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, block_n):
@@ -369,7 +370,8 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
                                               (2, "layer", (True, False, True, True, False, True, True, False))])
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "d16fs", "dnp_r128fs", "regs1s", "dnp_r128fsl",
                                      "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn", "dnp_r128fslwk",
-                                     "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3"])
+                                     "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2",
+                                     "dnp_r128fslwnkt2x2"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -393,7 +395,7 @@ def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, s
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "dnp_r128fs", "regs1s", "dnp_r128fsl",
-                                     "dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwt3"])
+                                     "dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwt3", "dnp_r128fslwt2x2"])
 def test_gluon_sliding_window(variant, bits, nan_empty):
     """A sliding-window layer on the Gluon stage 1 (``window_left``): windows inside the open page,
     across sealed pages, on a tile boundary and past the start, a request whose last page is
@@ -417,7 +419,8 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl", "dnp_r128fslw",
-                                     "dnp_r128fslwn", "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3"])
+                                     "dnp_r128fslwn", "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3",
+                                     "dnp_r128fslwnkt2x2"])
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the

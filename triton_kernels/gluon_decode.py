@@ -147,6 +147,9 @@ class GluonVariant:
             ``tma * (2 BLOCK_N W + D + BLOCK_N D/G_V) * 4`` bytes (3 KB per slot at INT2, D = 128,
             G_V = 32). Session 22's profile: a warp waited 1.63 cycles per issued instruction on
             global memory, the largest stall.
+        tma_tiles: tiles per TMA transfer (1 or 2; with ``tma``): 2 issues the four copies, the page
+            index load and the mbarrier wait once per two tiles of a page (a slot then holds both:
+            twice the shared memory per slot), for half the issue overhead per tile.
     """
 
     name: str
@@ -163,6 +166,7 @@ class GluonVariant:
     pair_words: bool = False
     lean_dequant: bool = False
     tma: int = 0
+    tma_tiles: int = 1
 
     @property
     def key_mode(self) -> int:
@@ -174,7 +178,7 @@ class GluonVariant:
         return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch,
                 "PACKED": 2 if self.pair_words else self.packed,
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
-                "LEAN": self.lean_dequant, "TMA": self.tma}
+                "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -209,6 +213,9 @@ class GluonVariant:
             raise ValueError(f"GluonVariant.tma must be 0 (off) or a ring of 2..4 slots on the register path without "
                              f"prefetch whose key params are paired from words (prefetch=False, pair_words=True), got "
                              f"tma={self.tma}")
+        if self.tma_tiles not in (1, 2) or (self.tma_tiles > 1 and not self.tma):
+            raise ValueError(f"GluonVariant.tma_tiles (tiles per TMA transfer) must be 1, or 2 with a TMA ring, got "
+                             f"{self.tma_tiles}")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -268,6 +275,12 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, tma=3),
         GluonVariant("dnp_r128fslwt2", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, tma=2),
+        # two tiles per TMA transfer (half the issue overhead; 2 slots of 6 KB at INT2)
+        GluonVariant("dnp_r128fslwt2x2", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, tma=2, tma_tiles=2),
+        GluonVariant("dnp_r128fslwnkt2x2", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma", tma=2, tma_tiles=2),
         GluonVariant("dnp_r128fslwnkt3", prefetch=False, packed=True, staging_block=16, direct_staging=True,
                      maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
                      keys="mma", tma=3),
@@ -525,16 +538,18 @@ if gl is not None:
     @gluon.jit
     def _tma_issue(slot, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc, vp_desc, page, t0, i_h, pred,
                    H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr,
-                   G_V: gl.constexpr, BLOCK_N: gl.constexpr):
-        """The sealed tile ``[t0, t0 + BLOCK_N)`` of page ``page`` (KV head ``i_h``) by TMA into ring
-        slot ``slot``, all four parts on the slot's mbarrier (``pred`` False: nothing issued): key and
-        value code words ``[BLOCK_N, W]``, the key group's (scales, offsets) row ``[1, D]`` words and
-        the value params, ``BLOCK_N * 2 * D/G_V`` fp16 as rows of 8 (``gluon_tma_descriptors``)."""
+                   G_V: gl.constexpr, BLOCK_N: gl.constexpr, TT: gl.constexpr = 1):
+        """The ``TT`` sealed tiles from token ``t0`` of page ``page`` (KV head ``i_h``) by TMA into
+        ring slot ``slot``, all four parts on the slot's mbarrier (``pred`` False: nothing issued):
+        key and value code words ``[TT*BLOCK_N, W]``, the key groups' (scales, offsets) rows ``[KR,
+        D]`` words (KR = the groups the tiles touch) and the value params, ``TT * BLOCK_N * 2 *
+        D/G_V`` fp16 as rows of 8 (``gluon_tma_descriptors``)."""
         W: gl.constexpr = D * BITS // 32
         NG: gl.constexpr = D // G_V
+        KR: gl.constexpr = max(1, TT * BLOCK_N // G_K)
         row0 = ((page * H + i_h) * P + t0).to(gl.int32)
         bar = bars.index(slot)
-        mbarrier.expect(bar, 8 * BLOCK_N * W + 4 * D + 4 * BLOCK_N * NG, pred=pred)
+        mbarrier.expect(bar, 8 * TT * BLOCK_N * W + 4 * KR * D + 4 * TT * BLOCK_N * NG, pred=pred)
         tma.async_copy_global_to_shared(kw_desc, [row0, 0], bar, kw_b.index(slot), pred=pred)
         tma.async_copy_global_to_shared(vw_desc, [row0, 0], bar, vw_b.index(slot), pred=pred)
         tma.async_copy_global_to_shared(kp_desc, [((page * H + i_h) * (P // G_K) + t0 // G_K).to(gl.int32), 0], bar,
@@ -542,27 +557,31 @@ if gl is not None:
         tma.async_copy_global_to_shared(vp_desc, [row0 * NG // 4, 0], bar, vp_b.index(slot), pred=pred)
 
     @gluon.jit
-    def _tma_read(slot, kw_b, kp_b, vw_b, vp_b, D: gl.constexpr, BITS: gl.constexpr, G_V: gl.constexpr,
-                  BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LTK: gl.constexpr, LTV: gl.constexpr,
-                  LTP: gl.constexpr):
-        """Ring slot ``slot`` read back in the operand-domain layouts, as ``_tile_raw`` returns them
-        (packed form): key words ``[BLOCK_N, WPL, 4]``, key (scale, offset) pairs ``[WPL, HALF, 4]``,
-        value words of the even / odd tokens ``[WPLV, 8, NP]`` and the value (scale, offset) pairs of
-        each token pair ``[8, NP]``. Each is a view of the slot's bytes (``_reinterpret`` with a plain
-        strided shared layout) loaded in a layout whose lanes hold what their operand registers
-        use; the splits and reshapes after the loads are register renamings (``assert_trivial``)."""
+    def _tma_read(slot, sub, kw_b, kp_b, vw_b, vp_b, D: gl.constexpr, BITS: gl.constexpr, G_K: gl.constexpr,
+                  G_V: gl.constexpr, BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LTK: gl.constexpr,
+                  LTV: gl.constexpr, LTP: gl.constexpr, TT: gl.constexpr = 1):
+        """Tile ``sub`` (of the ``TT`` a transfer holds) of ring slot ``slot`` read back in the
+        operand-domain layouts, as ``_tile_raw`` returns them (packed form): key words ``[BLOCK_N,
+        WPL, 4]``, key (scale, offset) pairs ``[WPL, HALF, 4]``, value words of the even / odd tokens
+        ``[WPLV, 8, NP]`` and the value (scale, offset) pairs of each token pair ``[8, NP]``. Each is
+        a view of the slot's bytes (``_reinterpret`` with a plain strided shared layout, the
+        transfer's tile the slowest axis) loaded in a layout whose lanes hold what their operand
+        registers use; the splits and reshapes after the loads are register renamings
+        (``assert_trivial``)."""
         W: gl.constexpr = D * BITS // 32
         HALF: gl.constexpr = 16 // BITS
         WPL: gl.constexpr = W // 4
         WPLV: gl.constexpr = W // 8
         NP: gl.constexpr = BLOCK_N // 2
         NG: gl.constexpr = D // G_V
-        # key words: word m*W + t*WPL + wi
-        SK: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 2, 0])
-        kw = kw_b.index(slot)._reinterpret(gl.int32, [BLOCK_N, WPL, 4], SK).load(gl.SliceLayout(2, LK))
-        # key params: word so*D/2 + t*D/8 + wi*HALF + hh*HALF/2 + j as [1, wi, j, t, so, hh]
+        KR: gl.constexpr = max(1, TT * BLOCK_N // G_K)
+        # key words: word (sub*BLOCK_N + m)*W + t*WPL + wi
+        SK: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 2, 0])  # (the leading axis: the buffer's)
+        kw = kw_b.index(slot)._reinterpret(gl.int32, [TT, BLOCK_N, WPL, 4], SK).index(sub).load(gl.SliceLayout(2, LK))
+        # key params: word r*D + so*D/2 + t*D/8 + wi*HALF + hh*HALF/2 + j as [r, 1, wi, j, t, so, hh]
         SP: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 5, 1, 3, 4, 0])
-        kp = kp_b.index(slot)._reinterpret(gl.int32, [1, WPL, HALF // 2, 4, 2, 2], SP).load(LTK)
+        kp = kp_b.index(slot)._reinterpret(gl.int32, [KR, 1, WPL, HALF // 2, 4, 2, 2], SP).index(
+            (sub * BLOCK_N) // G_K).load(LTK)
         h_a, h_b = gl.split(gl.reshape(kp, [WPL, HALF // 2, 4, 2, 2]))
         s_a, o_a = gl.split(h_a)
         s_b, o_b = gl.split(h_b)
@@ -572,17 +591,18 @@ if gl is not None:
                                     gl.convert_layout(s_b, LKW2, assert_trivial=True),
                                     gl.convert_layout(o_a, LKW2, assert_trivial=True),
                                     gl.convert_layout(o_b, LKW2, assert_trivial=True), WPL, HALF, LK)
-        # value words: word (2tp + par)*W + g*WPLV + wv as [wv, g, tp, par]
+        # value words: word (sub*BLOCK_N + 2tp + par)*W + g*WPLV + wv as [sub, wv, g, tp, par]
         SV: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 1, 3, 2])
-        vw = vw_b.index(slot)._reinterpret(gl.int32, [WPLV, 8, NP, 2], SV).load(LTV)
+        vw = vw_b.index(slot)._reinterpret(gl.int32, [TT, WPLV, 8, NP, 2], SV).index(sub).load(LTV)
         vw0, vw1 = gl.split(vw)
         LVW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LV))
         vw0 = gl.convert_layout(vw0, LVW, assert_trivial=True)
         vw1 = gl.convert_layout(vw1, LVW, assert_trivial=True)
-        # value params: fp16 (2tp + par)*2NG + so*NG + q as [q, tp, so, par]; lane (g, t) takes group
-        # q = g // (8/NG): loaded once per group of lanes (LTP's lane bases), broadcast to g
+        # value params: fp16 (sub*BLOCK_N + 2tp + par)*2NG + so*NG + q as [sub, q, tp, so, par]; lane
+        # (g, t) takes group q = g // (8/NG): loaded once per group of lanes (LTP's lane bases),
+        # broadcast to g
         SQ: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0, 2, 3, 1])
-        vp = vp_b.index(slot)._reinterpret(gl.float16, [NG, NP, 2, 2], SQ).load(gl.SliceLayout(1, LTP))
+        vp = vp_b.index(slot)._reinterpret(gl.float16, [TT, NG, NP, 2, 2], SQ).index(sub).load(gl.SliceLayout(1, LTP))
         vp = gl.broadcast(gl.expand_dims(vp, 1), gl.zeros([NG, 8 // NG, NP, 2, 2], gl.float16, LTP))[0]
         p_e, p_o = gl.split(gl.reshape(vp, [8, NP, 2, 2]))  # even / odd token of each pair
         vs_e, vo_e = gl.split(p_e)
@@ -1131,6 +1151,7 @@ if gl is not None:
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
         WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
+        TMA_TILES: gl.constexpr = 1,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1227,41 +1248,50 @@ if gl is not None:
         b_q = gl.convert_layout(b_q.to(gl.float16), B_OP)
         LS: gl.constexpr = gl.SliceLayout(1, MMA)
         pg_idx = page_idx_ptr + kv_start
-        if TMA:  # a TMA ring of TMA slots, TMA - 1 tiles in flight during a tile's math (GluonVariant.tma)
+        if TMA:  # a TMA ring of TMA slots of TT tiles each (GluonVariant.tma / tma_tiles), TMA - 1 transfers
+            # in flight during a tile's math; transfer g holds tiles g*TT .. g*TT + TT - 1 (one page)
             W: gl.constexpr = D * BITS // 32
             NG: gl.constexpr = D // G_V
-            kw_b = gl.allocate_shared_memory(gl.int32, [TMA, BLOCK_N, W], kw_desc.layout)
-            vw_b = gl.allocate_shared_memory(gl.int32, [TMA, BLOCK_N, W], vw_desc.layout)
-            kp_b = gl.allocate_shared_memory(gl.int32, [TMA, 1, D], kp_desc.layout)
-            vp_b = gl.allocate_shared_memory(gl.float16, [TMA, BLOCK_N * NG // 4, 8], vp_desc.layout)
+            TT: gl.constexpr = TMA_TILES
+            kw_b = gl.allocate_shared_memory(gl.int32, [TMA, TT * BLOCK_N, W], kw_desc.layout)
+            vw_b = gl.allocate_shared_memory(gl.int32, [TMA, TT * BLOCK_N, W], vw_desc.layout)
+            kp_b = gl.allocate_shared_memory(gl.int32, [TMA, max(1, TT * BLOCK_N // G_K), D], kp_desc.layout)
+            vp_b = gl.allocate_shared_memory(gl.float16, [TMA, TT * BLOCK_N * NG // 4, 8], vp_desc.layout)
             bars = gl.allocate_shared_memory(gl.int64, [TMA, 1], mbarrier.MBarrierLayout())
             for j in gl.static_range(TMA):
                 mbarrier.init(bars.index(j), count=1)
             fence_async_shared()
             if t_lo < t_hi:
-                for j in gl.static_range(TMA - 1):  # prologue: tiles t_lo .. t_lo + TMA - 2 (those that exist)
-                    page_j = gl.load(pg_idx + gl.minimum(t_lo + j, t_hi - 1) // TPP).to(gl.int64)
+                g_lo = t_lo // TT
+                g_hi = (t_hi - 1) // TT + 1
+                for j in gl.static_range(TMA - 1):  # prologue: transfers g_lo .. g_lo + TMA - 2 (those that exist)
+                    page_j = gl.load(pg_idx + gl.minimum(g_lo + j, g_hi - 1) * TT // TPP).to(gl.int64)
                     _tma_issue(j, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc, vp_desc, page_j,
-                               ((t_lo + j) % TPP) * BLOCK_N, i_h, t_lo + j < t_hi, H, D, BITS, P, G_K, G_V, BLOCK_N)
+                               ((g_lo + j) * TT % TPP) * BLOCK_N, i_h, g_lo + j < g_hi, H, D, BITS, P, G_K, G_V,
+                               BLOCK_N, TT)
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
                 st = _tile_scales(page, (t_lo % TPP) * BLOCK_N, s_col, scale_ptr, P, S, BLOCK_N, LS)
-                page_x = gl.load(pg_idx + gl.minimum(t_lo + TMA - 1, t_hi - 1) // TPP).to(gl.int64)
+                page_x = gl.load(pg_idx + gl.minimum(g_lo + TMA - 1, g_hi - 1) * TT // TPP).to(gl.int64)
                 if LAZY:
                     l_i = _row_partials(l_i, BLOCK_N, MMA)
                 for it in range(t_lo, t_hi):
-                    k = it - t_lo
-                    # refill the slot read last iteration (its loads' values are consumed: no reader left)
-                    nx = it + TMA - 1
-                    _tma_issue((k + TMA - 1) % TMA, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc, vp_desc,
-                               page_x, (nx % TPP) * BLOCK_N, i_h, nx < t_hi, H, D, BITS, P, G_K, G_V, BLOCK_N)
-                    # the next refill's page and the next tile's token scales, a tile ahead in registers
-                    page_x = gl.load(pg_idx + gl.minimum(nx + 1, t_hi - 1) // TPP).to(gl.int64)
+                    k = it // TT - g_lo
+                    first = (it % TT == 0) | (it == t_lo)  # the first tile of its transfer this program reads
+                    if first:
+                        # refill the slot read by the last transfer (its loads' values are consumed)
+                        gx = it // TT + TMA - 1
+                        _tma_issue((k + TMA - 1) % TMA, bars, kw_b, kp_b, vw_b, vp_b, kw_desc, kp_desc, vw_desc,
+                                   vp_desc, page_x, (gx * TT % TPP) * BLOCK_N, i_h, gx < g_hi, H, D, BITS, P, G_K,
+                                   G_V, BLOCK_N, TT)
+                        page_x = gl.load(pg_idx + gl.minimum(gx + 1, g_hi - 1) * TT // TPP).to(gl.int64)
+                    # the next tile's token scales, a tile ahead in registers
                     nt = gl.minimum(it + 1, t_hi - 1)
                     page_n = gl.load(pg_idx + nt // TPP).to(gl.int64)
                     st_n = _tile_scales(page_n, (nt % TPP) * BLOCK_N, s_col, scale_ptr, P, S, BLOCK_N, LS)
-                    mbarrier.wait(bars.index(k % TMA), (k // TMA) & 1)
-                    kw, ks0, ko0, vw0, vw1, vs0, vo0 = _tma_read(k % TMA, kw_b, kp_b, vw_b, vp_b, D, BITS, G_V, BLOCK_N,
-                                                                 LK, LV, LTK, LTV, LTP)
+                    if first:
+                        mbarrier.wait(bars.index(k % TMA), (k // TMA) & 1)
+                    kw, ks0, ko0, vw0, vw1, vs0, vo0 = _tma_read(k % TMA, it % TT, kw_b, kp_b, vw_b, vp_b, D, BITS, G_K,
+                                                                 G_V, BLOCK_N, LK, LV, LTK, LTV, LTP, TT)
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks0, ko0, ko0, st, vw0, vw1, vs0, vs0, vo0, vo0, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                             it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
@@ -1415,7 +1445,7 @@ def gluon_layouts(*, bits: int, head_dim: int, block_n: int, block_h: int, v_gro
     }
 
 
-def gluon_tma_descriptors(pool_args: dict[str, object], block_n: int) -> dict[str, object]:
+def gluon_tma_descriptors(pool_args: dict[str, object], block_n: int, tiles: int = 1) -> dict[str, object]:
     """The host tensor descriptors a ``tma`` variant's ring reads the sealed pages through, by kernel
     parameter name: the key and value code words as ``[pages * H * P, W]`` int32 (a tile is
     ``[block_n, W]``), the key params as ``[pages * H * P/G_K, D]`` int32 words (one group's fp16
@@ -1429,14 +1459,18 @@ def gluon_tma_descriptors(pool_args: dict[str, object], block_n: int) -> dict[st
 
     kw, kp, vw, vp = pool_args["kw_ptr"], pool_args["kp_ptr"], pool_args["vw_ptr"], pool_args["vp_ptr"]
     w, d, ng = kw.shape[-1], kp.shape[-1], vp.shape[-1]
+    n = tiles * block_n  # tokens per transfer
+    if pool_args["P"] % n:
+        raise ValueError(f"a TMA transfer of {tiles} tile(s) of {block_n} tokens must divide the page ({pool_args['P']} "
+                         f"tokens)")
 
     def desc(t: torch.Tensor, cols: int, block: list[int]) -> TensorDescriptor:
         t2 = t.reshape(-1, cols)
         lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=t2.element_size() * 8, rank=2)
         return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), block, lay)
 
-    return {"kw_desc": desc(kw, w, [block_n, w]), "kp_desc": desc(kp, d, [1, d]), "vw_desc": desc(vw, w, [block_n, w]),
-            "vp_desc": desc(vp.view(torch.float16), 8, [block_n * ng // 4, 8])}
+    return {"kw_desc": desc(kw, w, [n, w]), "kp_desc": desc(kp, d, [max(1, n // pool_args["G_K"]), d]),
+            "vw_desc": desc(vw, w, [n, w]), "vp_desc": desc(vp.view(torch.float16), 8, [n * ng // 4, 8])}
 
 
 def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], group: int, kv_indptr: torch.Tensor,
@@ -1470,7 +1504,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     q, new_k, out = f.get("q_ptr"), f.get("new_k_ptr"), f.get("out_ptr")
     write = new_k is not None
     block_g = max(1, 1 << (group - 1).bit_length())
-    descs = (gluon_tma_descriptors(pool_args, block_n) if var.tma else
+    descs = (gluon_tma_descriptors(pool_args, block_n, var.tma_tiles) if var.tma else
              {"kw_desc": None, "kp_desc": None, "vw_desc": None, "vp_desc": None})
     _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
         **descs,

@@ -61,10 +61,10 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h, v_group=v_group))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     if var.tma:  # the launcher's TMA descriptors (gluon_tma_descriptors): their block types and layouts
-        w, ng = d * bits // 32, d // v_group
-        for name, (dt, block, bw) in {"kw_desc": ("i32", [block_n, w], 32), "kp_desc": ("i32", [1, d], 32),
-                                      "vw_desc": ("i32", [block_n, w], 32),
-                                      "vp_desc": ("fp16", [block_n * ng // 4, 8], 16)}.items():
+        w, ng, n = d * bits // 32, d // v_group, block_n * var.tma_tiles
+        for name, (dt, block, bw) in {"kw_desc": ("i32", [n, w], 32), "kp_desc": ("i32", [max(1, n // k_group), d], 32),
+                                      "vw_desc": ("i32", [n, w], 32),
+                                      "vp_desc": ("fp16", [n * ng // 4, 8], 16)}.items():
             lay = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bw, rank=2)
             sig[name] = f"tensordesc<{dt}[{block[0]}, {block[1]}],{lay!r}>"
     else:
@@ -137,12 +137,16 @@ def loops(sass: str) -> list[dict[str, int]]:
             lo = int(b.group(1), 16)
             c = count([o for a, o, _ in rows if lo <= a <= addr])
             skipped = set()
+            blocks = []
             for a2, o2, r2 in rows:
                 f = re.search(r"0x([0-9a-f]+)", r2) if o2 == "BRA" and lo <= a2 < addr else None
                 if f and a2 < int(f.group(1), 16) <= addr:
-                    skipped |= {a3 for a3, _, _ in rows if a2 < a3 < int(f.group(1), 16)}
+                    block = {a3 for a3, _, _ in rows if a2 < a3 < int(f.group(1), 16)}
+                    blocks.append(len(block - skipped))
+                    skipped |= block
             if skipped:
                 c["common path"] = c["instructions"] - len(skipped)
+                c["blocks"] = blocks  # the conditional blocks' sizes, in program order
             out.append(c)
     return out
 

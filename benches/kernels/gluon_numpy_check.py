@@ -251,21 +251,28 @@ class Smem:
         self.arr, self.slot, self.view = arr, slot, view
 
     def index(self, i):
+        if self.view is not None:  # a reinterpreted view: select along its first (logical) axis
+            dt, shape, order, subs = self.view
+            return Smem(self.arr, self.slot, (dt, shape, order, subs + (int(_a(i)),)))
         return Smem(self.arr, int(_a(i)))
 
     def _reinterpret(self, dtype, shape, layout):
         """The slot's bytes as a tensor of ``shape`` whose memory order is ``layout.order``
         (fastest dim first), as ``SwizzledSharedLayout(1, 1, 1, order)`` lays it out."""
-        return Smem(self.arr, self.slot, (_NP[dtype.name], list(shape), list(layout.order)))
+        return Smem(self.arr, self.slot, (_NP[dtype.name], list(shape), list(layout.order), ()))
 
     def load(self, layout):
         if self.view is None:
             return T(self.arr[self.slot].copy())
-        dt, shape, order = self.view
+        dt, shape, order, subs = self.view
+        if len(order) == len(shape) - 1:  # a buffer axis in front: the slowest, not in the layout
+            order = [o + 1 for o in order] + [0]
         flat = np.ascontiguousarray(self.arr[self.slot]).reshape(-1).view(dt)
         slow = list(reversed(order))
-        a = flat.reshape([shape[d] for d in slow])
-        return T(a.transpose([slow.index(d) for d in range(len(shape))]).copy())
+        a = flat.reshape([shape[d] for d in slow]).transpose([slow.index(d) for d in range(len(shape))])
+        for i in subs:
+            a = a[i]
+        return T(a.copy())
 
 
 class Desc:
@@ -454,10 +461,12 @@ def _tma_descriptors(args, var, block_n):
     def two_d(t, cols, dt=None):
         return (t.detach().cpu() if dt is None else t.detach().cpu().view(dt)).reshape(-1, cols).numpy()
 
-    return {"kw_desc": Desc(two_d(args["kw_ptr"], w), (block_n, w)),
-            "kp_desc": Desc(two_d(args["kp_ptr"], d), (1, d)),
-            "vw_desc": Desc(two_d(args["vw_ptr"], w), (block_n, w)),
-            "vp_desc": Desc(two_d(args["vp_ptr"], 8, torch.float16), (block_n * ng // 4, 8))}
+    n = block_n * var.tma_tiles
+    assert args["P"] % n == 0, "gluon_tma_descriptors refuses transfers that split a page"
+    return {"kw_desc": Desc(two_d(args["kw_ptr"], w), (n, w)),
+            "kp_desc": Desc(two_d(args["kp_ptr"], d), (max(1, n // args["G_K"]), d)),
+            "vw_desc": Desc(two_d(args["vw_ptr"], w), (n, w)),
+            "vp_desc": Desc(two_d(args["vp_ptr"], 8, torch.float16), (n * ng // 4, 8))}
 
 
 def _merge_in_launch(n_split, group, d):
