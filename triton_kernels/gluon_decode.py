@@ -12,7 +12,10 @@ prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the
 the same sweep (none beat "regs1" at the default split count), and the low-register forms of session
 20 (16-token open-page tiles loaded straight into the operand layouts, params paired at load, no
 prefetch: 168-104 registers instead of 230; kernels_gluon_design.md §9) and of session 21 (the open
-page spread over the sealed splits).
+page spread over the sealed splits); sessions 22-23 added instruction cuts (a lazy running maximum,
+key params paired from words, a two-instruction INT2 dequantization, key params folded into the
+query and an accumulator-input MMA) and a TMA ring that streams the sealed tiles into shared memory
+(``GluonVariant.tma``), all CPU-checked and not yet timed (benches/results/kernels_gluon_s23/).
 
 Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, one
 normalized partial and log-sum-exp per (request, query head, split); split ``num_splits`` takes
