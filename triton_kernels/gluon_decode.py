@@ -624,6 +624,11 @@ if gl is not None:
         return _fold_rows(gl.where((o_r == 0)[:, None], l_i[None, :], 0.0), BLOCK_N)
 
     @gluon.jit
+    def _row_total(l_i, MMA: gl.constexpr):
+        """``_row_partials``' sum back: ``[BLOCK_H]`` in ``SliceLayout(0, MMA)``."""
+        return gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
+
+    @gluon.jit
     def _fold_rows(x, BLOCK_N: gl.constexpr):
         """``[BLOCK_N, BLOCK_H]`` in the MMA layout -> ``[8, BLOCK_H]``: the rows a lane holds (row
         bits 3 and up are registers) summed inside the lane, no cross-lane step."""
@@ -1300,7 +1305,7 @@ if gl is not None:
                                             it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
                     st = st_n
                 if LAZY:
-                    l_i = gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
+                    l_i = _row_total(l_i, MMA)
         elif STAGES == 0 and not PREFETCH:  # each tile loaded right before its math (more programs per SM instead)
             if LAZY:
                 l_i = _row_partials(l_i, BLOCK_N, MMA)
@@ -1313,7 +1318,7 @@ if gl is not None:
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                         it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
             if LAZY:
-                l_i = gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
+                l_i = _row_total(l_i, MMA)
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
             if t_lo < t_hi:
                 if LAZY:
@@ -1332,7 +1337,7 @@ if gl is not None:
                                             it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
                     raw = raw_n
                 if LAZY:
-                    l_i = gl.convert_layout(gl.sum(l_i, axis=0), gl.SliceLayout(0, MMA))
+                    l_i = _row_total(l_i, MMA)
         else:  # cp.async ring of STAGES tiles (wide part), the narrow part one tile ahead in registers
             W: gl.constexpr = D * BITS // 32
             SL3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 2, 0])  # [(S,) BLOCK_N, WPL, 4]: m*W + t*WPL + wi
