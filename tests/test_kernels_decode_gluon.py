@@ -236,6 +236,67 @@ def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, bl
         assert agree < _bound(variant, bits, 1e-3), f"{variant} {fmt} INT{bits} vs Triton: relative RMS {agree:.2e}"
 
 
+#: The INT2 server default's format (config.INT2_FORMAT): page-grid key ranges, G_K 16, G_V 64.
+_PAGE_FORMAT = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
+#: The variants that read page-grid key ranges (``check_gluon_key_page``), one per key form.
+_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk"]
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
+@pytest.mark.parametrize("variant", _PAGE_VARIANTS)
+def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
+    """Page-grid key ranges (the INT2 server default's format, 16-token tiles: one key group each):
+    the key params made in the kernel from the page grid and the group's index bytes
+    (``_page_key_param_pairs``), dequantized as they are or folded into the query, the numpy
+    stand-in against the reference and the Triton kernel's page-grid path, INT2 and INT4, three
+    splits over sealed pages, a mixed page and the open ones."""
+    chk = _numpy_check_module()
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 2, 4, 128, [300, 128, 5], {1}, "layer", 16, 3, bits + 50, variant,
+                               fmt=_PAGE_FORMAT)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} INT{bits} vs reference: {err:.2e}"
+        assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
+
+
+def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan_empty):
+    """A variant that loads the key params as fp16 pairs (the fp16 loads or a TMA ring) is refused
+    with the variants that read page-grid ranges, before any launch (so also where Gluon cannot run)."""
+    cfg = OscarConfig(bits=2, page_size=32, **_PAGE_FORMAT)
+    pool = build_pool(cfg, h=1, d=128, p=32, lens=[40], seed=8)
+    q = torch.randn(1, 4, 128).bfloat16().to(DEVICE)
+    for variant in ("dnp_r128fs", "dnp_r128fslwt3"):
+        with pytest.raises(ValueError, match=f"Gluon variant '{variant}' reads fp16 key params only; page-grid key "
+                                             f"ranges .* without a TMA ring: .*dnp_r128fslw,"):
+            _decode(pool, q, gluon=True, tune=dict(block_n=16, gluon_variant=variant))
+    with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=16"):
+        _decode(pool, q, gluon=True, tune=dict(block_n=32, gluon_variant="dnp_r128fslw"))
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("variant", _PAGE_VARIANTS)
+def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
+    """On CUDA: the Gluon stage 1 over page-grid key ranges (16-token tiles) against the reference
+    and the Triton stage 1's page-grid path (32-token tiles, two key groups each), split counts 1,
+    the default and 16, a sealed, a mixed and open pages."""
+    h, g, p, lens, last_sealed, scope = _SHAPES["llama8b_32q8kv"]
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **_PAGE_FORMAT)
+    pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
+                      device=torch.device("cuda"), seed=bits * 13)
+    q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
+    tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
+    for n in (None, 1, 16):
+        tune = dict(block_n=16, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
+        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
+        err = rel_rms(out, ref)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} splits={n} vs reference: {err:.2e}"
+        assert rel_rms(out, tri) < _bound(variant, bits, 1e-3), f"{variant} splits={n} vs Triton: {rel_rms(out, tri):.2e}"
+
+
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter

@@ -248,14 +248,9 @@ def pool_arguments(layer: PagedLayer) -> dict[str, object]:
 
 def named_pool_arguments(layer: PagedLayer) -> dict[str, object]:
     """``pool_arguments`` with the ``pool`` tuple spread under the ``POOL_TENSORS`` names (the Gluon
-    stage 1's parameters)."""
-    if layer.k_ranges is not None:
-        raise ValueError("the Gluon stage 1 reads fp16 key params; page-grid key ranges (key_ranges='page') run on the "
-                         "Triton stage 1")
+    stage 1's parameters; ``kr_ptr``, the groups' index bytes, read only with ``KEY_PAGE``)."""
     args = pool_arguments(layer)
-    args.pop("KEY_PAGE")
     named = dict(zip(POOL_TENSORS, args.pop("pool")))
-    named.pop("kr_ptr")
     return {**named, **args}
 
 

@@ -497,7 +497,8 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
     if not lo <= pairs <= hi:
         return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi}, where it was measured faster"
     if key_page:
-        return "page-grid key ranges (key_ranges='page') are read by the Triton stage 1 only"
+        return ("page-grid key ranges (key_ranges='page'): the Gluon stage 1 reads them (opt-in, 16-token tiles) but "
+                "was not measured faster there")
     try:
         gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=block_n,
                                        group=group)
@@ -622,8 +623,7 @@ def oscar_decode_attention(
     window = check_window(window_left)
     if tune.gluon:
         if layer.k_ranges is not None:
-            raise ValueError("the Gluon stage 1 (opt-in) reads fp16 key params: run page-grid key ranges "
-                             "(key_ranges='page') on the default Triton stage 1")
+            gluon_decode.check_gluon_key_page(tune.gluon_variant)
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
         gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones

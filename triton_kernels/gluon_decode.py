@@ -334,6 +334,17 @@ def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, b
         raise ValueError(f"the Gluon stage 1 takes at most 16 query heads per KV head, got {group}")
 
 
+def check_gluon_key_page(variant: str) -> None:
+    """ValueError unless Gluon variant ``variant`` reads page-grid key ranges (``key_ranges='page'``):
+    the register path whose key params are paired from whole words (``pair_words``) without a TMA
+    ring (``_page_key_param_pairs`` makes them from the page grid and the group's index bytes)."""
+    var = gluon_variant(variant)
+    if not var.pair_words or var.tma:
+        able = ", ".join(n for n, v in GLUON_VARIANTS.items() if v.pair_words and not v.tma)
+        raise ValueError(f"Gluon variant {variant!r} reads fp16 key params only; page-grid key ranges "
+                         f"(key_ranges='page') need a variant that pairs them from words without a TMA ring: {able}")
+
+
 if gl is not None:
     _LAZY_TAU = gl.constexpr(LAZY_TAU)
     _PAIR_ASM = gl.constexpr(
@@ -342,6 +353,30 @@ if gl is not None:
         "lop3.b32 t, $1, $2, $3, 0xea;\n"  # (x & mask) | magic: fp16 pair (2^(10-b) + c_lo, 2^(10-b) + c_hi)
         "sub.rn.f16x2 t, t, $3;\n"  # exact codes
         "fma.rn.f16x2 $0, t, $4, $5;\n"  # code * scale + offset, one rounding
+        "}"
+    )
+
+    # page-grid key ranges (``_page_key_param_pairs``): a pair of channels' group scale
+    # ``h((b - a) u)`` and offset ``h(base + h(a step))`` from their index bytes (int16: channel 2j in
+    # the low byte) and the grid's f16x2 words, the indices as 1024 + a (exact) by a byte permute
+    _PAGE_S_ASM = gl.constexpr(
+        "{\n"
+        ".reg .b32 m, ta, tb;\n"
+        "mov.b32 m, 0x64006400;\n"  # fp16 1024 in both halves
+        "prmt.b32 ta, $1, m, 0x5150;\n"  # (1024 + a_lo, 1024 + a_hi)
+        "prmt.b32 tb, $2, m, 0x5150;\n"
+        "sub.rn.f16x2 ta, tb, ta;\n"  # b - a, exact
+        "mul.rn.f16x2 $0, ta, $3;\n"  # scale = (b - a) * u
+        "}"
+    )
+    _PAGE_O_ASM = gl.constexpr(
+        "{\n"
+        ".reg .b32 m, ta;\n"
+        "mov.b32 m, 0x64006400;\n"
+        "prmt.b32 ta, $1, m, 0x5150;\n"
+        "sub.rn.f16x2 ta, ta, m;\n"  # a, exact
+        "mul.rn.f16x2 ta, ta, $2;\n"  # a * step
+        "add.rn.f16x2 $0, ta, $3;\n"  # offset = base + a * step
         "}"
     )
 
@@ -527,6 +562,50 @@ if gl is not None:
                                   gl.load(wp + (D + HALF) // 2), WPL, HALF, LK)
 
     @gluon.jit
+    def _page_key_param_pairs(page, t0, i_h, kp_ptr, kr_ptr, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
+                              P: gl.constexpr, G_K: gl.constexpr, LK: gl.constexpr):
+        """``_key_param_pairs`` with page-grid key ranges (docs/LAYOUT.md §1, ``KEY_PAGE``): the
+        tile's group (scale, offset) made from the page grid's (base, step) words (``kp_ptr``: fp16
+        ``[.., 2, D]`` per (page, head)) and the group's index bytes (``kr_ptr``: int16 ``[.., P/G_K,
+        2, D/2]``, channel 2j in the low byte), the words each lane loads at the offsets
+        ``_key_param_pairs`` loads fp16 pairs at. fp16 arithmetic rounded at every operation as the
+        reference's: ``u = h(step / qmax)`` (an fp32 product with the reciprocal, rounded once to
+        fp16: the same bits, since a quotient of an fp16 by 3 or 15 is never within 2^-13 of an fp16
+        rounding midpoint), then per pair of channels the indices as ``1024 + a`` by a byte permute,
+        ``scale = h((b - a) u)``, ``offset = h(base + h(a step))`` (``_PAGE_S_ASM`` / ``_PAGE_O_ASM``)."""
+        CPW: gl.constexpr = 32 // BITS
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = D * BITS // 128
+        QMAX: gl.constexpr = (1 << BITS) - 1
+        LKW2: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, WPL, HALF // 2, 1], [8, 1, 1, 4], [1, 1, 1, 1],
+                                                                [3, 2, 1, 0]))
+        p_wi = gl.arange(0, WPL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKW2)))
+        p_j = gl.arange(0, HALF // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW2)))
+        p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW2)))
+        w0 = (p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW) // 2 + p_j[None, :, None]
+        gp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + (page * H + i_h) * D + w0  # D words per page grid
+        rp = kr_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * D + w0  # D int16 per group
+        s_a, o_a = _page_words(gp, rp, D, QMAX)  # the first half of each lane's code words
+        s_b, o_b = _page_words(gp + HALF // 2, rp + HALF // 2, D, QMAX)  # the second
+        return _params_from_words(s_a, s_b, o_a, o_b, WPL, HALF, LK)
+
+    @gluon.jit
+    def _page_words(gp, rp, D: gl.constexpr, QMAX: gl.constexpr):
+        """The group's (scale, offset) f16x2 words of channel pairs from the page grid's words at
+        ``gp`` (bases; steps ``D/2`` words on) and the group's index words at ``rp`` (``a``; ``b``
+        ``D/2`` on)."""
+        base = gl.load(gp)
+        step = gl.load(gp + D // 2)
+        s_lo, s_hi = _halves_f16(step)
+        u = _pack_f16((s_lo.to(gl.float32) * (1.0 / QMAX)).to(gl.float16),
+                      (s_hi.to(gl.float32) * (1.0 / QMAX)).to(gl.float16))
+        ra = gl.load(rp).to(gl.int32)
+        rb = gl.load(rp + D // 2).to(gl.int32)
+        s_w = gl.inline_asm_elementwise(_PAGE_S_ASM, "=r,r,r,r", [ra, rb, u], dtype=gl.int32, is_pure=True, pack=1)
+        o_w = gl.inline_asm_elementwise(_PAGE_O_ASM, "=r,r,r,r", [ra, step, base], dtype=gl.int32, is_pure=True, pack=1)
+        return s_w, o_w
+
+    @gluon.jit
     def _params_from_words(s_a, s_b, o_a, o_b, WPL: gl.constexpr, HALF: gl.constexpr, LK: gl.constexpr):
         """The key (scale, offset) f16x2 pairs ``[WPL, HALF, 4]`` in ``SliceLayout(0, LK)`` from the
         words ``[WPL, HALF/2, 4]`` of the scales and offsets, each of two neighbouring channels, of
@@ -671,16 +750,22 @@ if gl is not None:
     def _tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr,
                   BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr,
                   BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr,
-                  PACKED: gl.constexpr = False):
+                  PACKED: gl.constexpr = False, kr_ptr=None, KEY_PAGE: gl.constexpr = False):
         """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head
         ``i_h``) in registers, each lane loading exactly the words and params its operand registers
         use (``_tile_ptrs`` and ``_tile_small``). ``PACKED``: the key and value (scale, offset)
         already paired into int32 f16x2 words (in ``ks0`` / ``ko0`` / ``vs0`` / ``vo0``; ``ks1`` /
-        ``ko1`` / ``vs1`` / ``vo1`` then unused), half the registers a prefetched tile holds for them."""
+        ``ko1`` / ``vs1`` / ``vo1`` then unused), half the registers a prefetched tile holds for them.
+        ``KEY_PAGE`` (with ``PACKED == 2``): page-grid key ranges, ``kp_ptr`` the page grids and
+        ``kr_ptr`` the groups' index bytes (``_page_key_param_pairs``)."""
         kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
                                                                      G_K, BLOCK_N, LK, LV)
         kw = gl.load(kw_p)
-        if PACKED == 2:  # GluonVariant.pair_words: the key params paired from whole words
+        if PACKED == 2 and KEY_PAGE:  # page-grid key ranges: the params made from the grid and indices
+            ks0, ko0 = _page_key_param_pairs(page, t0, i_h, kp_ptr, kr_ptr, H, D, BITS, P, G_K, LK)
+            ks1 = ks0
+            ko1 = ko0
+        elif PACKED == 2:  # GluonVariant.pair_words: the key params paired from whole words
             ks0, ko0 = _key_param_pairs(page, t0, i_h, kp_ptr, H, D, BITS, P, G_K, LK)
             ks1 = ks0
             ko1 = ko0
@@ -1148,7 +1233,7 @@ if gl is not None:
         page_idx_ptr, seq_lens_ptr, part_o_ptr, part_lse_ptr,
         q_ptr, new_k_ptr, new_v_ptr, new_loc_ptr, stg_scale_ptr, krot_ptr, counter_ptr, out_ptr,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh, sm_scale_log2, window_left,
-        kw_desc, kp_desc, vw_desc, vp_desc,
+        kw_desc, kp_desc, vw_desc, vp_desc, kr_ptr,
         H: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
         P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, LLOAD: gl.constexpr,
@@ -1159,7 +1244,7 @@ if gl is not None:
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
         WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
-        TMA_TILES: gl.constexpr = 1,
+        TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1313,7 +1398,7 @@ if gl is not None:
                 page = gl.load(pg_idx + it // TPP).to(gl.int64)
                 kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
                     page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)  # fmt: skip
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                         it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
@@ -1325,12 +1410,13 @@ if gl is not None:
                     l_i = _row_partials(l_i, BLOCK_N, MMA)
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
                 raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)
                 for it in range(t_lo, t_hi):
                     nxt = gl.minimum(it + 1, t_hi - 1)  # the last tile re-loads itself (never read past the end)
                     page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
                     raw_n = _tile_raw(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
-                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED)
+                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr,
+                                      KEY_PAGE)
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
@@ -1512,11 +1598,15 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     q, new_k, out = f.get("q_ptr"), f.get("new_k_ptr"), f.get("out_ptr")
     write = new_k is not None
     block_g = max(1, 1 << (group - 1).bit_length())
+    key_page = bool(pool_args.get("KEY_PAGE", False))
+    if key_page:
+        check_gluon_key_page(variant)
     descs = (gluon_tma_descriptors(pool_args, block_n, var.tma_tiles) if var.tma else
              {"kw_desc": None, "kp_desc": None, "vw_desc": None, "vp_desc": None})
     _gluon_decode_stage1_kernel[(b, h, part_o.shape[2])](
         **descs,
         qrot_ptr=q_rot, kw_ptr=pool_args["kw_ptr"], kp_ptr=pool_args["kp_ptr"].view(torch.float16),
+        kr_ptr=pool_args["kr_ptr"] if key_page else pool_args["kw_ptr"], KEY_PAGE=key_page,
         vw_ptr=pool_args["vw_ptr"], vp_ptr=pool_args["vp_ptr"].view(torch.float16), scale_ptr=pool_args["scale_ptr"],
         stg_k_ptr=pool_args["stg_k_ptr"], stg_v_ptr=pool_args["stg_v_ptr"], p2s_ptr=pool_args["p2s_ptr"],
         kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens, part_o_ptr=part_o,

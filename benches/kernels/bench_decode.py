@@ -256,7 +256,7 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
 
 
 def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
-                waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128) -> dict:
+                waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128, fmt: str = "group") -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
@@ -269,27 +269,32 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     single request at 8 KV heads to 1032 programs whatever ``waves`` asks); the first variant at the default splits is also reported as
     ``gluon`` (its speedup and agreement). ``mode="fused"`` (``--gluon-step``): the whole decode
     step of a layer instead, the new token's write and the query rotation included (fused into
-    the Triton stage 1; a separate write launch before the Gluon stage 1), as the backend runs it."""
-    probe = OscarSetup(bits, batch, ctx, 1)
+    the Triton stage 1; a separate write launch before the Gluon stage 1), as the backend runs it.
+    ``fmt="page"`` (``--gluon-format page``): the INT2 server default's format (page-grid key
+    ranges, G_K 16, G_V 64) instead of the paper's, the Gluon columns at 16-token tiles (one key
+    group per tile), the Triton ones at their default 32."""
+    form = dict(k_group=16, v_group=64, key_page=True) if fmt == "page" else {}
+    probe = OscarSetup(bits, batch, ctx, 1, **form)
     per_call = probe.kv_bytes()
     del probe
     copies = copies_for(per_call, budget)
-    st = OscarSetup(bits, batch, ctx, copies)
+    st = OscarSetup(bits, batch, ctx, copies, **form)
     default = _dec._default_tuning(batch, H, D, P)
+    gbn = {"block_n": 16} if fmt == "page" else {}
     splits = _dec.pick_num_splits(batch, H, waves=default.waves)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call,
-           "mode": mode}
+           "mode": mode, "format": fmt}
     outs = {}
     labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants]
     res["variants"] = labels
     cols = [("default", default, ws), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False), ws)]
-    cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v), ws) for v in variants]
+    cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v, **gbn), ws) for v in variants]
     for w in waves:
         n = _dec.pick_num_splits(batch, H, waves=w, max_splits=max_splits)
         res.setdefault("num_splits_by_waves", {})[f"{w:g}"] = n
         ws_w = decode_workspace(batch, HQ, H, D, n, DEV)
-        cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w), ws_w)
+        cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w, **gbn), ws_w)
                  for v in variants]
     # the launcher's own choice for this launch (the Gluon default where it takes it, at its split count)
     lt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
@@ -334,6 +339,8 @@ def gluon_markdown(rows: list[dict], meta: dict) -> str:
     out = [f"Gluon stage 1 variants vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
            f"{meta['date']}); " + ("the whole decode step (write and query rotation included)"
                                     if meta.get("gluon_mode") == "fused" else "queries rotated beforehand, no write")
+           + ("; format: page-grid key ranges, G_K 16, G_V 64 (the INT2 server default), the Gluon columns at "
+              "16-token tiles" if meta.get("gluon_format") == "page" else "")
            + "; times in us (CUDA graphs over distinct KV copies). 'default': the Triton stage 1's tuning "
            "(`_default_tuning`), which the launcher replaces by the Gluon default where `gluon_default_reason` "
            "allows (session 21).", "",
@@ -1206,6 +1213,7 @@ def main() -> None:
     ap.add_argument("--gluon-variants", default="regs1", help="with --gluon: comma-separated keys of gluon_decode.GLUON_VARIANTS (or 'all'), each timed as its own column")
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
     ap.add_argument("--gluon-max-splits", type=int, default=128, help="with --gluon-waves: the most splits per (request, KV head) a <variant>@w<W> column may get (default 128, the default rule's cap)")
+    ap.add_argument("--gluon-format", choices=("group", "page"), default="group", help="with --gluon: the pool's format: 'group' (the paper's: fp16 key group pairs, G_K = G_V = 32; default) or 'page' (the INT2 server default: page-grid key ranges, G_K 16, G_V 64; the Gluon columns at 16-token tiles)")
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -1278,6 +1286,10 @@ def main() -> None:
             raise ValueError(f"--gluon-max-splits must be >= 1, got {args.gluon_max_splits}")
         meta["gluon_max_splits"] = args.gluon_max_splits
         meta["gluon_mode"] = "fused" if args.gluon_step else "qrot"
+        meta["gluon_format"] = args.gluon_format
+        if args.gluon_format == "page":
+            for v in gvars:
+                gluon_decode.check_gluon_key_page(v)
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
         for b, ctx in shapes:
@@ -1285,7 +1297,7 @@ def main() -> None:
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
                     rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"],
-                                            args.gluon_max_splits))
+                                            args.gluon_max_splits, args.gluon_format))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})

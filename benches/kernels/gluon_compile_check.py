@@ -40,15 +40,18 @@ SIGNATURE = {
     "q_ptr": "*bf16", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32",
     "krot_ptr": "*i32", "counter_ptr": "*i32", "out_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "stride_kb": "i32",
     "stride_kh": "i32", "stride_vb": "i32", "stride_vh": "i32", "stride_ob": "i32", "stride_oh": "i32", "sm_scale_log2": "fp32",
-    "window_left": "i32",
+    "window_left": "i32", "kr_ptr": "*i16",
 }  # fmt: skip
 
 
 def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
-                   v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1", window: bool = False):
+                   v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1", window: bool = False,
+                   key_page: bool = False):
     """The Gluon stage 1 (``variant``: a key of ``GLUON_VARIANTS``) compiled for sm_90
-    (``triton.compile``; no GPU needed)."""
+    (``triton.compile``; no GPU needed); ``key_page``: page-grid key ranges."""
     var = G.gluon_variant(variant)
+    if key_page:
+        G.check_gluon_key_page(variant)
     block_h = max(8, 1 << (group - 1).bit_length())
     block_g = max(1, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
@@ -57,7 +60,7 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
                  # a fused variant compiles the whole step (query rotation, write, rotated-back partials, merge)
                  ROT_Q=var.fused, WRITE=var.fused, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h, MERGE=var.fused, BLOCK_G=block_g,
-                 CHUNK=max(1, 2048 // (block_g * d)), WINDOW=window,
+                 CHUNK=max(1, 2048 // (block_g * d)), WINDOW=window, KEY_PAGE=key_page,
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h, v_group=v_group))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     if var.tma:  # the launcher's TMA descriptors (gluon_tma_descriptors): their block types and layouts
@@ -172,6 +175,9 @@ def main() -> int:
     ap.add_argument("--block-n", default="16,32", help="tile sizes to compile (default 16,32)")
     ap.add_argument("--groups", default="4,8", help="GQA groups to compile (default 4,8)")
     ap.add_argument("--window", action="store_true", help="compile the sliding-window form (WINDOW)")
+    ap.add_argument("--format", choices=("group", "page"), default="group",
+                    help="key ranges and groups: 'group' (the paper's fp16 pairs, G_K = G_V = 32; default) or 'page' "
+                         "(the INT2 server default: page-grid ranges, G_K 16, G_V 64; block_n 16)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     reason = G.gluon_available()
@@ -194,7 +200,9 @@ def main() -> int:
             if True:
                 name = f"{variant}_int{bits}_bn{block_n}_g{group}"
                 try:
-                    ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant, window=args.window)
+                    fmt = (dict(k_group=16, v_group=64, key_page=True) if args.format == "page" else {})
+                    ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant, window=args.window,
+                                        **fmt)
                 except Exception as exc:  # noqa: BLE001 - report every variant
                     print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
                     rc = 1

@@ -50,7 +50,8 @@ class Ptr:
     def __init__(self, arr, off=0, dtype=None):
         self.arr, self.off = arr, off
         self.dtype = types.SimpleNamespace(element_ty=_DT(dtype or {np.float32: "float32", np.int32: "int32",
-                                                                   np.int64: "int64"}.get(arr.dtype.type, "float32")))
+                                                                   np.int64: "int64", np.int16: "int16",
+                                                                   np.float16: "float16"}.get(arr.dtype.type, "float32")))
 
     def __add__(self, o):
         return Ptr(self.arr, self.off + (o.a if isinstance(o, T) else o), self.dtype.element_ty.name)
@@ -198,6 +199,21 @@ def make_gl(ctx):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
             return T(r.astype(np.uint32).view(np.int32))
+        if "0x5150" in asm:  # page-grid key ranges: index bytes -> f16x2 (scale or offset) of a channel pair
+            a, b, c = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
+
+            def hv(x):  # f16x2 word -> [..., 2] float64 (exact)
+                return x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64)
+
+            def idx(x):  # int16 word of two index bytes -> [..., 2] float64
+                return np.stack([x & 0xFF, (x >> 8) & 0xFF], -1).astype(np.float64)
+
+            ra = idx(a)
+            if "add.rn.f16x2" in asm:  # offset = h(base + h(a * step)): (ra, step, base)
+                r = (hv(c) + (ra * hv(b)).astype(np.float16)).astype(np.float16)
+            else:  # scale = h((b - a) * u): (ra, rb, u)
+                r = ((idx(b) - ra) * hv(c)).astype(np.float16)
+            return T(np.ascontiguousarray(r).view(np.int32).reshape(a.shape))
         if asm.startswith("mul.rn.f16x2"):  # a * b on f16x2 pairs (keys="mma": q' = q * scale)
             a, b = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
             h = [x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64) for x in (a, b)]
@@ -354,8 +370,9 @@ def kernel_functions(ctx):
     g["tma"], g["mbarrier"] = make_tma(ctx)
     g["fence_async_shared"] = lambda: None
     g["_PAIR_ASM"] = G._PAIR_ASM.value
+    g["_PAGE_S_ASM"], g["_PAGE_O_ASM"] = G._PAGE_S_ASM.value, G._PAGE_O_ASM.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
-    names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_words", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_fused_write", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
@@ -376,6 +393,8 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
     or a ``GluonVariant``. ``window_left``: a sliding-window layer's window, or None."""
     var = variant if isinstance(variant, G.GluonVariant) else G.gluon_variant(variant)
     args = kdecode.named_pool_arguments(pool.layer)
+    if args["KEY_PAGE"]:
+        G.check_gluon_key_page(var.name)  # the launcher's check (a GluonVariant: by its name's registered form)
     b, hq, d = q_rot.shape
     h = args["H"]
     n_part = part_o.shape[2]
@@ -420,6 +439,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
         BLOCK_HK=max(1, 1 << (h - 1).bit_length()), MERGE=out is not None,
         BLOCK_G=max(1, 1 << (group - 1).bit_length()), CHUNK=max(1, 2048 // (max(1, 1 << (group - 1).bit_length()) * d)),
         LM=None, **rotate, **_tma_descriptors(args, var, block_n),
+        kr_ptr=Ptr(flat(args["kr_ptr"])), KEY_PAGE=args["KEY_PAGE"],
     )  # fmt: skip
     block_h = max(8, 1 << (group - 1).bit_length())
     for ib in range(b):
