@@ -260,6 +260,24 @@ def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
         assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+def test_page_grid_u_in_three_f16x2_operations_is_the_reference_quotient(bits):
+    """The Gluon page-grid path's ``u = h(step / qmax)`` (``page_u_f16``: a product with h(1/qmax),
+    the residual by one FMA, one corrective FMA, every operation rounded to fp16) is the
+    reference's fp32 quotient rounded to fp16 for every finite fp16 step >= 0, subnormals
+    included; the product alone (no correction) is not."""
+    qmax = (1 << bits) - 1
+    step = torch.arange(0, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    want = (step.float() / qmax).half()
+    got = gluon_decode.page_u_f16(step, qmax)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    once = (step.double() * torch.tensor(1.0 / qmax, dtype=torch.float16).double()).half()
+    assert not torch.equal(once.view(torch.int16), want.view(torch.int16))
+    c, m = gluon_decode.page_u_constants(qmax)
+    assert torch.tensor([c & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16).item() == pytest.approx(1 / qmax, rel=1e-3)
+    assert torch.tensor([m >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16).item() == -qmax
+
+
 def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan_empty):
     """A variant that loads the key params as fp16 pairs (the fp16 loads or a TMA ring) is refused
     with the variants that read page-grid ranges, before any launch (so also where Gluon cannot run)."""

@@ -334,6 +334,48 @@ def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, b
         raise ValueError(f"the Gluon stage 1 takes at most 16 query heads per KV head, got {group}")
 
 
+def page_u_constants(qmax: int) -> tuple[int, int]:
+    """The f16x2 words (both halves) of ``h(1 / qmax)`` and ``-qmax``: the constants of the page
+    grid's ``u = h(step / qmax)`` in three f16x2 operations (``_page_params_asm``)."""
+    c = int(torch.tensor(1.0 / qmax, dtype=torch.float16).view(torch.int16).item()) & 0xFFFF
+    m = int(torch.tensor(-float(qmax), dtype=torch.float16).view(torch.int16).item()) & 0xFFFF
+    return c * 0x10001, m * 0x10001
+
+
+def page_u_f16(step: torch.Tensor, qmax: int) -> torch.Tensor:
+    """``u = h(step / qmax)`` as ``_page_params_asm`` computes it (every operation rounded to fp16;
+    the products and sums exact in fp64 before the rounding): fp16 in, fp16 out. Tests compare it
+    with the fp32 quotient rounded to fp16 (the reference's) over every fp16 value."""
+    c = torch.tensor(1.0 / qmax, dtype=torch.float16).double()
+    s = step.double()
+    r = (s * c).half().double()
+    e = (s - qmax * r).half().double()
+    return (r + e * c).half()
+
+
+def _page_params_asm(qmax: int) -> str:
+    """The PTX of a channel pair's group (scale, offset) words ``$0``, ``$1``: ``h((b - a) u)`` and
+    ``h(base + h(a step))`` from the index words ``$2`` (a) and ``$3`` (b) and the grid's step and
+    base words ``$4``, ``$5``, with ``u = h(step / qmax)`` (``page_u_f16``)."""
+    c, m = page_u_constants(qmax)
+    return ("{\n"
+            ".reg .b32 m, c, q, ta, tb, r, e;\n"
+            "mov.b32 m, 0x64006400;\n"  # fp16 1024 in both halves
+            f"mov.b32 c, 0x{c:08x};\n"  # h(1 / qmax)
+            f"mov.b32 q, 0x{m:08x};\n"  # -qmax
+            "prmt.b32 ta, $2, m, 0x5150;\n"  # (1024 + a_lo, 1024 + a_hi)
+            "prmt.b32 tb, $3, m, 0x5150;\n"
+            "sub.rn.f16x2 tb, tb, ta;\n"  # b - a, exact
+            "sub.rn.f16x2 ta, ta, m;\n"  # a, exact
+            "mul.rn.f16x2 r, $4, c;\n"  # r = step / qmax, to within an ulp
+            "fma.rn.f16x2 e, r, q, $4;\n"  # e = step - qmax r
+            "fma.rn.f16x2 r, e, c, r;\n"  # u, correctly rounded
+            "mul.rn.f16x2 $0, tb, r;\n"  # scale = (b - a) * u
+            "mul.rn.f16x2 ta, ta, $4;\n"  # a * step
+            "add.rn.f16x2 $1, ta, $5;\n"  # offset = base + a * step
+            "}")
+
+
 def check_gluon_key_page(variant: str) -> None:
     """ValueError unless Gluon variant ``variant`` reads page-grid key ranges (``key_ranges='page'``):
     the register path whose key params are paired from whole words (``pair_words``) without a TMA
@@ -358,27 +400,13 @@ if gl is not None:
 
     # page-grid key ranges (``_page_key_param_pairs``): a pair of channels' group scale
     # ``h((b - a) u)`` and offset ``h(base + h(a step))`` from their index bytes (int16: channel 2j in
-    # the low byte) and the grid's f16x2 words, the indices as 1024 + a (exact) by a byte permute
-    _PAGE_S_ASM = gl.constexpr(
-        "{\n"
-        ".reg .b32 m, ta, tb;\n"
-        "mov.b32 m, 0x64006400;\n"  # fp16 1024 in both halves
-        "prmt.b32 ta, $1, m, 0x5150;\n"  # (1024 + a_lo, 1024 + a_hi)
-        "prmt.b32 tb, $2, m, 0x5150;\n"
-        "sub.rn.f16x2 ta, tb, ta;\n"  # b - a, exact
-        "mul.rn.f16x2 $0, ta, $3;\n"  # scale = (b - a) * u
-        "}"
-    )
-    _PAGE_O_ASM = gl.constexpr(
-        "{\n"
-        ".reg .b32 m, ta;\n"
-        "mov.b32 m, 0x64006400;\n"
-        "prmt.b32 ta, $1, m, 0x5150;\n"
-        "sub.rn.f16x2 ta, ta, m;\n"  # a, exact
-        "mul.rn.f16x2 ta, ta, $2;\n"  # a * step
-        "add.rn.f16x2 $0, ta, $3;\n"  # offset = base + a * step
-        "}"
-    )
+    # the low byte) and the grid's f16x2 words, the indices as 1024 + a (exact) by a byte permute.
+    # ``u = h(step / qmax)`` in three f16x2 operations: r = h(step c) with c = h(1 / qmax), the
+    # residual e = h(step - qmax r) (one FMA), u = h(r + e c) (one FMA); the correctly rounded
+    # quotient for every finite fp16 step >= 0 at qmax 3 and 15 (checked exhaustively against the
+    # fp32 quotient rounded to fp16, tests/test_kernels_decode_gluon.py)
+    _PAGE_ASM2 = gl.constexpr(_page_params_asm(3))
+    _PAGE_ASM4 = gl.constexpr(_page_params_asm(15))
 
     @gluon.jit
     def _pair_operands(x, i, BITS: gl.constexpr):
@@ -569,10 +597,10 @@ if gl is not None:
         ``[.., 2, D]`` per (page, head)) and the group's index bytes (``kr_ptr``: int16 ``[.., P/G_K,
         2, D/2]``, channel 2j in the low byte), the words each lane loads at the offsets
         ``_key_param_pairs`` loads fp16 pairs at. fp16 arithmetic rounded at every operation as the
-        reference's: ``u = h(step / qmax)`` (an fp32 product with the reciprocal, rounded once to
-        fp16: the same bits, since a quotient of an fp16 by 3 or 15 is never within 2^-13 of an fp16
-        rounding midpoint), then per pair of channels the indices as ``1024 + a`` by a byte permute,
-        ``scale = h((b - a) u)``, ``offset = h(base + h(a step))`` (``_PAGE_S_ASM`` / ``_PAGE_O_ASM``)."""
+        reference's, per pair of channels: ``u = h(step / qmax)`` in three f16x2 operations
+        (``page_u_f16``: the correctly rounded quotient), the indices as ``1024 + a`` by a byte
+        permute, ``scale = h((b - a) u)``, ``offset = h(base + h(a step))``, in one asm block
+        (``_page_params_asm``)."""
         CPW: gl.constexpr = 32 // BITS
         HALF: gl.constexpr = 16 // BITS
         WPL: gl.constexpr = D * BITS // 128
@@ -596,13 +624,14 @@ if gl is not None:
         ``D/2`` on)."""
         base = gl.load(gp)
         step = gl.load(gp + D // 2)
-        s_lo, s_hi = _halves_f16(step)
-        u = _pack_f16((s_lo.to(gl.float32) * (1.0 / QMAX)).to(gl.float16),
-                      (s_hi.to(gl.float32) * (1.0 / QMAX)).to(gl.float16))
         ra = gl.load(rp).to(gl.int32)
         rb = gl.load(rp + D // 2).to(gl.int32)
-        s_w = gl.inline_asm_elementwise(_PAGE_S_ASM, "=r,r,r,r", [ra, rb, u], dtype=gl.int32, is_pure=True, pack=1)
-        o_w = gl.inline_asm_elementwise(_PAGE_O_ASM, "=r,r,r,r", [ra, step, base], dtype=gl.int32, is_pure=True, pack=1)
+        if QMAX == 3:
+            s_w, o_w = gl.inline_asm_elementwise(_PAGE_ASM2, "=r,=r,r,r,r,r", [ra, rb, step, base],
+                                                 dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        else:
+            s_w, o_w = gl.inline_asm_elementwise(_PAGE_ASM4, "=r,=r,r,r,r,r", [ra, rb, step, base],
+                                                 dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
         return s_w, o_w
 
     @gluon.jit

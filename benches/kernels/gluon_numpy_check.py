@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -199,8 +200,8 @@ def make_gl(ctx):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
             return T(r.astype(np.uint32).view(np.int32))
-        if "0x5150" in asm:  # page-grid key ranges: index bytes -> f16x2 (scale or offset) of a channel pair
-            a, b, c = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
+        if "0x5150" in asm:  # page-grid key ranges: (scale, offset) f16x2 of a channel pair (_page_params_asm)
+            a, b, st_w, base_w = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
 
             def hv(x):  # f16x2 word -> [..., 2] float64 (exact)
                 return x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64)
@@ -208,12 +209,22 @@ def make_gl(ctx):
             def idx(x):  # int16 word of two index bytes -> [..., 2] float64
                 return np.stack([x & 0xFF, (x >> 8) & 0xFF], -1).astype(np.float64)
 
+            def rnd(x):  # one f16x2 operation's rounding
+                return x.astype(np.float16).astype(np.float64)
+
+            cw, qw = (np.array([int(re.search(f"mov.b32 {n}, (0x[0-9a-f]+);", asm).group(1), 16)], np.uint32)
+                      .view(np.int32) for n in ("c", "q"))
+            k, mq, st, base = hv(cw)[0, 0], hv(qw)[0, 0], hv(st_w), hv(base_w)
+            r0 = rnd(st * k)
+            u = rnd(rnd(r0 * mq + st) * k + r0)
             ra = idx(a)
-            if "add.rn.f16x2" in asm:  # offset = h(base + h(a * step)): (ra, step, base)
-                r = (hv(c) + (ra * hv(b)).astype(np.float16)).astype(np.float16)
-            else:  # scale = h((b - a) * u): (ra, rb, u)
-                r = ((idx(b) - ra) * hv(c)).astype(np.float16)
-            return T(np.ascontiguousarray(r).view(np.int32).reshape(a.shape))
+            scale = rnd((idx(b) - ra) * u)
+            offset = rnd(rnd(ra * st) + base)
+
+            def word(x):
+                return T(np.ascontiguousarray(x.astype(np.float16)).view(np.int32).reshape(a.shape))
+
+            return word(scale), word(offset)
         if asm.startswith("mul.rn.f16x2"):  # a * b on f16x2 pairs (keys="mma": q' = q * scale)
             a, b = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
             h = [x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64) for x in (a, b)]
@@ -370,7 +381,7 @@ def kernel_functions(ctx):
     g["tma"], g["mbarrier"] = make_tma(ctx)
     g["fence_async_shared"] = lambda: None
     g["_PAIR_ASM"] = G._PAIR_ASM.value
-    g["_PAGE_S_ASM"], g["_PAGE_O_ASM"] = G._PAGE_S_ASM.value, G._PAGE_O_ASM.value
+    g["_PAGE_ASM2"], g["_PAGE_ASM4"] = G._PAGE_ASM2.value, G._PAGE_ASM4.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
     names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_words", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_attend", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
