@@ -112,7 +112,8 @@ def test_decode_group_sizes_and_tiles(bits, k_group, v_group, p, block_n, nan_em
 def test_decode_page_key_ranges(bits, k_group, v_group, p, block_n, transposed, nan_empty):
     """Page-grid key ranges (key_ranges="page"): the key params made in the kernel from each page's
     grid and the groups' indices, tiles of one and several key groups, both stage-1 forms and a
-    window; the Gluon stage 1 refuses them."""
+    window; a Gluon variant that loads fp16 key params (``regs1``, the opt-in default) refuses them,
+    naming the variants that read them (test_kernels_decode_gluon.py runs those)."""
     cfg = OscarConfig(bits=bits, k_group=k_group, v_group=v_group, page_size=p, key_ranges="page")
     pool = build_pool(cfg, h=2, d=64, p=p, lens=[3 * p + 5, p, 1], last_sealed={1}, kinds={0: "mixed"},
                       seed=40 + k_group + v_group)
@@ -122,7 +123,8 @@ def test_decode_page_key_ranges(bits, k_group, v_group, p, block_n, transposed, 
                       tune=dict(num_splits=2, block_n=block_n, transposed=transposed))
         err = rel_rms(out, reference_decode(pool, q, 1.0 / 8, window_left=window))
         assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e} (window {window})"
-    with pytest.raises(ValueError, match="Gluon stage 1.*page-grid key ranges"):
+    with pytest.raises(ValueError, match="Gluon variant 'regs1' reads fp16 key params only; page-grid key ranges .* "
+                                         "without a TMA ring: dnp_r128fsw"):
         _decode(pool, q, tune=dict(gluon=True))
 
 

@@ -567,23 +567,30 @@ if gl is not None:
         return kw_p, kp_base + c0, kp_base + c0 + HALF, kp_base + D + c0, kp_base + D + c0 + HALF, vw0_p, vw0_p + W
 
     @gluon.jit
+    def _param_word_offsets(D: gl.constexpr, BITS: gl.constexpr):
+        """The word offsets ``[WPL, HALF/2, 4]`` (word j: channels 2j, 2j + 1 of a half) of the
+        first half of each lane's key-param words within a row of D fp16, in the parent's order of
+        ``_params_from_words``' inputs."""
+        CPW: gl.constexpr = 32 // BITS
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = D * BITS // 128
+        LKW2: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, WPL, HALF // 2, 1], [8, 1, 1, 4], [1, 1, 1, 1],
+                                                                [3, 2, 1, 0]))
+        p_wi = gl.arange(0, WPL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKW2)))
+        p_j = gl.arange(0, HALF // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW2)))
+        p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW2)))
+        return (p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW) // 2 + p_j[None, :, None]
+
+    @gluon.jit
     def _key_param_pairs(page, t0, i_h, kp_ptr, H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr,
                          P: gl.constexpr, G_K: gl.constexpr, LK: gl.constexpr):
         """The tile's key (scale, offset) as the f16x2 pairs (channel c, channel c + HALF) of
         ``_tile_raw``'s packed form, ``[WPL, HALF, 4]`` in ``SliceLayout(0, LK)``, made from whole
         int32 words (two neighbouring channels each): one PRMT per pair (``_pair_words``) instead of
         the integer pairing of two fp16 loads (``_pack_f16``, ~1.8 instructions per pair)."""
-        CPW: gl.constexpr = 32 // BITS
         HALF: gl.constexpr = 16 // BITS
         WPL: gl.constexpr = D * BITS // 128
-        LKP: gl.constexpr = gl.SliceLayout(0, LK)
-        # the words [WPL, HALF/2, 4] (word j: channels 2j, 2j + 1 of a half) in the parent's order
-        LKW2: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, WPL, HALF // 2, 1], [8, 1, 1, 4], [1, 1, 1, 1],
-                                                                [3, 2, 1, 0]))
-        p_wi = gl.arange(0, WPL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKW2)))
-        p_j = gl.arange(0, HALF // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW2)))
-        p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW2)))
-        w0 = (p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW) // 2 + p_j[None, :, None]
+        w0 = _param_word_offsets(D, BITS)
         base = ((page * H + i_h) * (P // G_K) + t0 // G_K) * D  # in words: (2 * D) fp16 per group
         wp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + base + w0
         return _params_from_words(gl.load(wp), gl.load(wp + HALF // 2), gl.load(wp + D // 2),
@@ -601,16 +608,10 @@ if gl is not None:
         (``page_u_f16``: the correctly rounded quotient), the indices as ``1024 + a`` by a byte
         permute, ``scale = h((b - a) u)``, ``offset = h(base + h(a step))``, in one asm block
         (``_page_params_asm``)."""
-        CPW: gl.constexpr = 32 // BITS
         HALF: gl.constexpr = 16 // BITS
         WPL: gl.constexpr = D * BITS // 128
         QMAX: gl.constexpr = (1 << BITS) - 1
-        LKW2: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, WPL, HALF // 2, 1], [8, 1, 1, 4], [1, 1, 1, 1],
-                                                                [3, 2, 1, 0]))
-        p_wi = gl.arange(0, WPL, layout=gl.SliceLayout(1, gl.SliceLayout(2, LKW2)))
-        p_j = gl.arange(0, HALF // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LKW2)))
-        p_t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LKW2)))
-        w0 = (p_t[None, None, :] * (D // 4) + p_wi[:, None, None] * CPW) // 2 + p_j[None, :, None]
+        w0 = _param_word_offsets(D, BITS)
         gp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + (page * H + i_h) * D + w0  # D words per page grid
         rp = kr_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * D + w0  # D int16 per group
         s_a, o_a = _page_words(gp, rp, D, QMAX)  # the first half of each lane's code words
