@@ -119,7 +119,10 @@ def test_gluon_variants_match_reference(variant, bits, nan_empty):
             tune = dict(block_n=block_n, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
             out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
             err = rel_rms(out, ref)
-            assert err < ATTN_BOUND_FP32_OUT, f"{variant} {shape} splits={n} vs reference: relative RMS {err:.2e}"
+            # the lean INT2 dequantization's rounding adds to the kernel's own (H100, session 25: 5.25e-3
+            # at llama8b_32q8kv for every lean variant), so it gets LEAN_BOUND here too
+            bound = _bound(variant, bits, ATTN_BOUND_FP32_OUT)
+            assert err < bound, f"{variant} {shape} splits={n} vs reference: relative RMS {err:.2e}"
             if n is None:  # same splits as regs1: the streaming alone changes nothing; folding the key
                 # params into the query rounds q * scale to fp16 instead of each key, and other open-page
                 # tiles round the open page's probabilities to bf16 against other running maxima (the
@@ -548,7 +551,7 @@ def _default_rule_args(**over):
 
 
 def test_the_gluon_default_rule(monkeypatch):
-    """Where the default decode takes the Gluon stage 1 (``gluon_default_reason``): from 64 to 511
+    """Where the default decode takes the Gluon stage 1 (``gluon_default_reason``): from 32 to 1024
     (request, KV head) pairs, group key ranges, a shape the Gluon stage 1 reads, sm_90, Triton
     3.6's Gluon, unless OSCAR_SGL_GLUON_DECODE=0; every other case names why not. Here (CPU) the
     launcher's own tuning stays on the Triton stage 1."""
@@ -558,9 +561,11 @@ def test_the_gluon_default_rule(monkeypatch):
     monkeypatch.setattr(gluon_decode, "gluon_available", lambda device=None: None)
     reason = kdecode.gluon_default_reason
     assert reason(**_default_rule_args()) is None
-    assert reason(**_default_rule_args(batch=63, num_kv_heads=1, group=16)) is not None
-    assert reason(**_default_rule_args(batch=16, num_kv_heads=4, group=8)) is None  # 64 pairs
-    assert "56 (request, KV head) pairs" in reason(**_default_rule_args(batch=7))
+    assert reason(**_default_rule_args(batch=31, num_kv_heads=1, group=16)) is not None
+    assert reason(**_default_rule_args(batch=8, num_kv_heads=4, group=8)) is None  # 32 pairs
+    assert reason(**_default_rule_args(batch=4)) is None  # 32 pairs: 4 requests at 8 KV heads
+    assert "24 (request, KV head) pairs" in reason(**_default_rule_args(batch=3))
+    assert "16 (request, KV head) pairs" in reason(**_default_rule_args(batch=2))
     assert "1032 (request, KV head) pairs" in reason(**_default_rule_args(batch=129))
     assert reason(**_default_rule_args(batch=63)) is None
     assert reason(**_default_rule_args(batch=128)) is None
@@ -591,7 +596,7 @@ def test_the_gluon_default_rule(monkeypatch):
     # count (16 programs per SM), from 512 on whole waves of the Gluon program's 16 resident per SM
     # (the Triton tuning balances waves of its 8 there); decode_num_splits follows
     monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
-    for batch, waves in ((8, 16.0), (63, 16.0), (64, None), (96, None), (128, None)):
+    for batch, waves in ((4, 16.0), (8, 16.0), (63, 16.0), (64, None), (96, None), (128, None)):
         t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, device=torch.device("cuda"), **fmt)
         assert t.gluon and t.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT
         resident = kdecode.GLUON_RESIDENT

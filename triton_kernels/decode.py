@@ -388,9 +388,9 @@ class _DecodeTuning:
             (the query rotation, the write and the partials' inverse rotation in the Gluon launch,
             then the plain merge: two launches, one with few splits). The default where
             ``gluon_default_reason`` finds nothing against it (sm_90 with Triton 3.6's Gluon,
-            64-1024 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
-            ``GLUON_DEFAULT_VARIANT``, measured on an H200 at 0.97-1.30x the fused Triton step
-            there, 1K-64K tokens (benches/results/kernels_gluon_s21/). Elsewhere opt-in.
+            32-1024 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
+            ``GLUON_DEFAULT_VARIANT``, measured on an H100 at 0.90-1.33x the fused Triton step
+            there, 1K-64K tokens (benches/results/kernels_gluon_s25/). Elsewhere opt-in.
         resident: with ``waves`` None, the programs per SM the balanced split count fills in whole
             waves (``pick_num_splits(resident=...)``): the Triton stage 1's 8, the Gluon default's 16.
         gluon_variant: with ``gluon``, how its stage 1 streams tiles: a key of
@@ -454,18 +454,21 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 
 
 #: The Gluon stage-1 variant the default decode runs where ``gluon_default_reason`` allows it: no
-#: prefetch, params paired at load, 16-token open-page tiles loaded straight into the operand
-#: layouts and spread over the sealed splits, the write, the query rotation and the partials'
-#: inverse rotation (and with few splits the merge) in the launch, 128 registers (16 one-warp
-#: programs per SM). H200, Triton 3.6, whole steps (write included) against the fused Triton step:
-#: 1.07-1.08x at (8, 4096), 1.15-1.19x at (16, 8192), 1.16-1.21x at (8, 32768), 1.22-1.30x at
-#: (16, 65536), 1.15-1.22x at (64, 8192) and (128, 4096) with 16 programs per SM; 0.97-0.98x at
-#: (32, 1024), 1.01-1.10x at the other short contexts (benches/results/kernels_gluon_s21/).
-GLUON_DEFAULT_VARIANT = "dnp_r128fs"
+#: prefetch, 16-token open-page tiles loaded straight into the operand layouts and spread over the
+#: sealed splits, the write, the query rotation and the partials' inverse rotation (and with few
+#: splits the merge) in the launch, 128 registers (16 one-warp programs per SM); the running maximum
+#: moved lazily, the key params paired from whole words and folded into the query and an
+#: accumulator-input MMA (keys="mma"). Session 25 (H100, Triton 3.6, whole steps against the fused
+#: Triton step, INT2 / INT4): 1.08x / 1.04x at (8, 4096), 1.17x / 1.10x at (16, 8192), 1.24x / 1.12x
+#: at (8, 32768), 1.33x / 1.16x at (16, 65536), 1.15x / 1.07x at (64, 8192), against 1.06-1.19x /
+#: 1.04-1.14x for session 21's "dnp_r128fs"; 0.94x / 0.90x at (32, 1024)
+#: (benches/results/kernels_gluon_s25/).
+GLUON_DEFAULT_VARIANT = "dnp_r128fslwk"
 #: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
-#: stage 1: below, single requests (0.90-1.07x the Triton step) and batches of < 8 at 8 KV heads
-#: (one point measured); above, not measured.
-GLUON_DEFAULT_PAIRS = (64, 1024)
+#: stage 1: below, 1-3 requests at 8 KV heads (H100, session 25: 0.83-0.94x at (1, 131072) at this
+#: split rule, 0.98-1.08x at 16 pairs); from 32 pairs 1.02-1.14x (4 requests at 8K and 32K tokens);
+#: above 1024, not measured.
+GLUON_DEFAULT_PAIRS = (32, 1024)
 #: Resident programs per SM whose whole waves the Gluon default's split count fills from 512 pairs
 #: on (``pick_num_splits(waves=None, resident=GLUON_RESIDENT)``), where the Triton default balances
 #: waves of its 8 (~240 registers): the Gluon program's 128 registers leave 16 resident. H200, whole
@@ -566,7 +569,7 @@ def oscar_decode_attention(
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
     with few splits the last program of each (request, KV head) merges them: one launch per layer
-    and step. On an sm_90 GPU with Triton 3.6, from 64 to 1024 (request, KV head) pairs and the
+    and step. On an sm_90 GPU with Triton 3.6, from 32 to 1024 (request, KV head) pairs and the
     formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
     (``GLUON_DEFAULT_VARIANT``: the write, the query rotation and with few splits the merge in its
     launch too, else a merge launch after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.

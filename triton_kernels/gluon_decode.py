@@ -2,11 +2,11 @@
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
 On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
-pass against the torch reference. Since session 21 the default decode runs the "dnp_r128fs"
-variant (``decode.GLUON_DEFAULT_VARIANT``) on sm_90 from 64 to 1024 (request, KV head) pairs
-(``decode.gluon_default_reason``): whole steps 0.97-1.30x the fused Triton step on an H200 there
-(benches/results/kernels_gluon_s21/); elsewhere it is opt-in (``decode._DecodeTuning.gluon``, tests
-and benchmarks);
+pass against the torch reference. The default decode runs the "dnp_r128fslwk" variant
+(``decode.GLUON_DEFAULT_VARIANT``; session 21's "dnp_r128fs" before session 25) on sm_90 from 32 to
+1024 (request, KV head) pairs (``decode.gluon_default_reason``): whole steps 0.90-1.33x the fused
+Triton step on an H100 there (benches/results/kernels_gluon_s25/); elsewhere it is opt-in
+(``decode._DecodeTuning.gluon``, tests and benchmarks);
 ``_tuning.gluon_variant`` picks one of ``GLUON_VARIANTS`` (how sealed tiles are streamed: register
 prefetch, cp.async rings of 2-4 tiles, register caps, key params folded into the query), timed in
 the same sweep (none beat "regs1" at the default split count), and the low-register forms of session
@@ -15,7 +15,8 @@ prefetch: 168-104 registers instead of 230; kernels_gluon_design.md §9) and of 
 page spread over the sealed splits); sessions 22-23 added instruction cuts (a lazy running maximum,
 key params paired from words, a two-instruction INT2 dequantization, key params folded into the
 query and an accumulator-input MMA) and a TMA ring that streams the sealed tiles into shared memory
-(``GluonVariant.tma``), all CPU-checked and not yet timed (benches/results/kernels_gluon_s23/).
+(``GluonVariant.tma``), timed in session 25: the folded keys win, the TMA rings do not, the lean
+INT2 form is faster but outside the reference bound (benches/results/kernels_gluon_s25/).
 
 Same contract as the Triton stage 1 of ``decode.py`` (grid ``(B, H, num_splits + 1)``, one
 normalized partial and log-sum-exp per (request, query head, split); split ``num_splits`` takes
@@ -238,7 +239,7 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("fold", keys="fold"),
         GluonVariant("cp3_fold", stages=3, keys="fold"),
         GluonVariant("cp3_magic", stages=3, keys="magic"),
-        # session 20 (compiled on the CPU, not yet timed): fewer registers, so more one-warp programs
+        # session 20 (timed in session 21): fewer registers, so more one-warp programs
         # per SM (time them at more programs per SM too: bench_decode.py --gluon-waves)
         GluonVariant("r16", packed=True, staging_block=16),
         GluonVariant("d16", packed=True, staging_block=16, direct_staging=True),
@@ -254,7 +255,7 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fs", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True),
         GluonVariant("regs1s", spread_open=True),
-        # session 22 (compiled and CPU-checked, not yet run on a GPU): the running maximum moved only
+        # session 22 (its fslw and fslwn forms timed in session 25): the running maximum moved only
         # when a tile outgrows it by > LAZY_TAU; 752 instead of 785 instructions per INT2 tile
         GluonVariant("dnp_r128fsl", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True),
@@ -266,7 +267,7 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # ... and the INT2 dequantization in two instructions per pair (offsets folded, rounded)
         GluonVariant("dnp_r128fslwn", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True),
-        # session 23 (compiled and CPU-checked, not yet run on a GPU): the key params folded into the
+        # session 23 (timed in session 25; dnp_r128fslwk the default since): the key params folded into the
         # query and an accumulator-input MMA (keys="mma"); with the lean INT2 form: lean at INT2, fold at INT4
         GluonVariant("dnp_r128fslwk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma"),
