@@ -20,7 +20,7 @@ from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVIC
                                  reference_decode, rel_rms)
 
 from oscar_sgl import reference as R
-from oscar_sgl.config import PAPER_FORMAT
+from oscar_sgl.config import INT2_FORMAT, PAPER_FORMAT
 from oscar_sgl.config import OscarConfig as _OscarConfig
 from oscar_sgl.kernels import decode as kdecode
 from oscar_sgl.kernels import gluon_decode, oscar_decode_attention
@@ -569,7 +569,17 @@ def test_the_gluon_default_rule(monkeypatch):
     assert "1032 (request, KV head) pairs" in reason(**_default_rule_args(batch=129))
     assert reason(**_default_rule_args(batch=63)) is None
     assert reason(**_default_rule_args(batch=128)) is None
-    assert "page-grid" in reason(**_default_rule_args(key_page=True))
+    # page-grid key ranges (G_K 16): 16-token Gluon tiles at the bit widths GLUON_DEFAULT_PAGE_BITS
+    # names (INT4, measured faster), else Triton (INT2)
+    page = dict(key_page=True, k_group=16, v_group=64)
+    assert kdecode.GLUON_DEFAULT_PAGE_BITS == (4,)
+    assert "page-grid key ranges (key_ranges='page') at 2 bits" in reason(**_default_rule_args(**page, block_n=16))
+    assert reason(**_default_rule_args(**page, block_n=16, bits=4)) is None
+    assert "block_n" in reason(**_default_rule_args(**page, block_n=32, bits=4))  # 32 tokens span two key groups
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())
+    assert "page-grid" in reason(**_default_rule_args(**page, block_n=16, bits=4))
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (4,))
+    assert kdecode.gluon_block_n(32, 16) == 16 and kdecode.gluon_block_n(32, 32) == 32
     assert "head_dim" in reason(**_default_rule_args(head_dim=64))
     assert "v_group" in reason(**_default_rule_args(v_group=8))
     assert "16 query heads" in reason(**_default_rule_args(group=32))
@@ -595,6 +605,7 @@ def test_the_gluon_default_rule(monkeypatch):
     # where the rule allows it (as on an H200): the Gluon variant; below 512 pairs the Triton split
     # count (16 programs per SM), from 512 on whole waves of the Gluon program's 16 resident per SM
     # (the Triton tuning balances waves of its 8 there); decode_num_splits follows
+    _real_reason = kdecode.gluon_default_reason
     monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
     for batch, waves in ((4, 16.0), (8, 16.0), (63, 16.0), (64, None), (96, None), (128, None)):
         t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, device=torch.device("cuda"), **fmt)
@@ -604,6 +615,19 @@ def test_the_gluon_default_rule(monkeypatch):
         assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
         n = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
         assert n == kdecode.pick_num_splits(batch, 8, waves=waves, resident=resident)
+    # the page-grid format's tuning: the same splits on 16-token Gluon tiles
+    monkeypatch.setattr(kdecode, "gluon_default_reason", _real_reason)
+    monkeypatch.setattr(gluon_decode, "gluon_available", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for bits in (2, 4):
+        flag = bits == 4
+        t = kdecode._launch_tuning(8, 8, 128, 128, group=4, bits=bits, k_group=16, v_group=64, key_page=True,
+                                   device=torch.device("cuda"))
+        assert (t.gluon, t.block_n) == ((True, 16) if flag else (False, 32)), bits
+        if flag:
+            assert t.gluon_variant == kdecode.GLUON_DEFAULT_PAGE_VARIANT
+            gluon_decode.check_gluon_key_page(t.gluon_variant)
+        assert t.waves == kdecode._default_tuning(8, 8, 128, 128).waves
     assert kdecode._default_tuning(64, 8, 128, 128).waves is None  # the Triton tuning balances from 512 pairs
     assert kdecode._default_tuning(64, 8, 128, 128).resident == kdecode.RESIDENT_PROGRAMS_PER_SM == 8
     # on an H200's 132 SMs (requests at 8 KV heads: Gluon's whole waves of 16 vs Triton's of 8):
@@ -619,9 +643,10 @@ def test_the_gluon_default_rule(monkeypatch):
 @needs_gluon
 def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_empty):
     """8 requests at 8 KV heads (64 pairs) on an sm_90 GPU: the launcher's own choice is the Gluon
-    step (``GLUON_DEFAULT_VARIANT``, bit-identical to asking for it), for the paper format; with
-    OSCAR_SGL_GLUON_DECODE=0, and for page-grid key ranges (the INT2 serving format), the fused
-    Triton step (bit-identical to the explicit Triton tuning)."""
+    step (``GLUON_DEFAULT_VARIANT``, bit-identical to asking for it), for the paper format, and for
+    page-grid key ranges (the INT2 serving format) on 16-token tiles where ``GLUON_DEFAULT_PAGE``
+    says so (else the Triton step); with OSCAR_SGL_GLUON_DECODE=0 the fused Triton step
+    (bit-identical to the explicit Triton tuning)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon default is taken on sm_90 only")
     monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV, raising=False)
@@ -637,11 +662,20 @@ def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_
     _, out_off = _step_with_write(cfg, gluon=None, lens=lens)
     assert torch.equal(out_off, out_triton)
     monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV)
-    page_cfg = _OscarConfig(bits=2, page_size=128)
-    assert page_cfg.key_ranges == "page"
-    _, out_page = _step_with_write(page_cfg, gluon=None, lens=lens)
-    _, out_page_triton = _step_with_write(page_cfg, gluon=False, lens=lens)
-    assert torch.equal(out_page, out_page_triton)
+    for bits in (2, 4):
+        page_cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT)  # page-grid ranges, G_K 16, G_V 64
+        _, out_page = _step_with_write(page_cfg, gluon=None, lens=lens)
+        if bits in kdecode.GLUON_DEFAULT_PAGE_BITS:  # the Gluon default on 16-token tiles (one key group each)
+            tune = dict(gluon_variant=kdecode.GLUON_DEFAULT_PAGE_VARIANT, block_n=16)
+            _, out_page_expected = _step_with_write(page_cfg, gluon=True, lens=lens, tune=tune)
+        else:
+            _, out_page_expected = _step_with_write(page_cfg, gluon=False, lens=lens)
+        assert torch.equal(out_page, out_page_expected), bits
+        monkeypatch.setenv(kdecode.GLUON_DEFAULT_ENV, "0")
+        _, out_page_off = _step_with_write(page_cfg, gluon=None, lens=lens)
+        _, out_page_triton = _step_with_write(page_cfg, gluon=False, lens=lens)
+        assert torch.equal(out_page_off, out_page_triton), bits
+        monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV)
 
 
 @gpu

@@ -478,6 +478,17 @@ GLUON_DEFAULT_PAIRS = (32, 1024)
 #: 0.94-0.99x) where whole waves of 16 (5 and 8 splits) give 1.11-1.20x
 #: (kernels_gluon_s22/splits.md).
 GLUON_RESIDENT = 16
+#: The bit widths at which the default rule takes the Gluon stage 1 for page-grid key ranges
+#: (G_K 16, so 16-token Gluon tiles: ``gluon_block_n``). H200, session 25, whole steps against the
+#: fused Triton step with ``GLUON_DEFAULT_PAGE_VARIANT``: INT4 1.03-1.04x at 4K-8K tokens, 1.11-1.14x
+#: at 64-128 requests, 1.23-1.32x at 32K-64K, 0.90x at (32, 1024); INT2 (the server default's
+#: format) 0.97-0.98x at 4K-8K tokens and 64-128 requests, 0.90x at (32, 1024), 1.05-1.09x at
+#: 32K-64K: INT2 stays on the Triton stage 1 (benches/results/kernels_gluon_s25/).
+GLUON_DEFAULT_PAGE_BITS = (4,)
+#: The Gluon variant the default takes for page-grid key ranges: on 16-token tiles (one key group
+#: each) folding the key params into the query costs more than it saves (H200, session 25: 2-7 %
+#: slower than ``dnp_r128fslw``).
+GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslw"
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 
@@ -499,9 +510,10 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
     lo, hi = GLUON_DEFAULT_PAIRS
     if not lo <= pairs <= hi:
         return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi}, where it was measured faster"
-    if key_page:
-        return ("page-grid key ranges (key_ranges='page'): the Gluon stage 1 reads them (opt-in, 16-token tiles) but "
-                "was not measured faster there")
+    if key_page and bits not in GLUON_DEFAULT_PAGE_BITS:
+        return (f"page-grid key ranges (key_ranges='page') at {bits} bits: the Gluon stage 1 reads them (opt-in, "
+                f"16-token tiles) but was measured faster at {' and '.join(map(str, GLUON_DEFAULT_PAGE_BITS)) or 'no'} "
+                f"bits only")
     try:
         gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=block_n,
                                        group=group)
@@ -522,15 +534,25 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
 def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int, *, group: int, bits: int,
                    k_group: int, v_group: int, key_page: bool, device: torch.device) -> _DecodeTuning:
     """The launcher's tuning when the caller passes none: ``_default_tuning``, with the Gluon stage 1
-    (``GLUON_DEFAULT_VARIANT``) where ``gluon_default_reason`` allows it, its split count balanced
+    (``GLUON_DEFAULT_VARIANT``; for page-grid key ranges ``GLUON_DEFAULT_PAGE_VARIANT`` on
+    ``gluon_block_n``'s 16-token tiles) where ``gluon_default_reason`` allows it, its split count balanced
     over whole waves of ``GLUON_RESIDENT`` programs per SM where the Triton tuning balances over 8
     (from 512 pairs on; the same split count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
+    block_n = gluon_block_n(tune.block_n, k_group)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
-                            k_group=k_group, v_group=v_group, key_page=key_page, block_n=tune.block_n,
+                            k_group=k_group, v_group=v_group, key_page=key_page, block_n=block_n,
                             device=device) is None:
-        return replace(tune, gluon=True, gluon_variant=GLUON_DEFAULT_VARIANT, resident=GLUON_RESIDENT)
+        variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
+        return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n)
     return tune
+
+
+def gluon_block_n(block_n: int, k_group: int) -> int:
+    """The Gluon default's tile: the Triton tuning's ``block_n`` where it divides the key group,
+    else 16 (a Gluon tile spans one key group at most: G_K 16, the page-grid format's, takes
+    16-token tiles)."""
+    return block_n if k_group % block_n == 0 else 16
 
 
 def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
