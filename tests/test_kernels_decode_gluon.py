@@ -263,6 +263,24 @@ def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
         assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
 
 
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
+@pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"),
+                                         ("dnp_r128fslw", "group16")])
+def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
+    """32-token tiles over key groups of 16 tokens (``_attend(KG2)``: each half of the tile's rows
+    dequantized with its own group's params), page-grid ranges (the INT2 server default's format)
+    and fp16 group pairs at G_K 16: the numpy stand-in against the reference and the Triton kernel,
+    INT2 and INT4, three splits over sealed pages, a mixed page and the open ones."""
+    chk = _numpy_check_module()
+    form = _PAGE_FORMAT if fmt == "page" else {"k_group": 16}
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 2, 4, 128, [300, 128, 5], {1}, "layer", 32, 3, bits + 60, variant, fmt=form)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} INT{bits} vs reference: {err:.2e}"
+        assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_page_grid_u_in_three_f16x2_operations_is_the_reference_quotient(bits):
     """The Gluon page-grid path's ``u = h(step / qmax)`` (``page_u_f16``: a product with h(1/qmax),
@@ -291,8 +309,16 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
         with pytest.raises(ValueError, match=f"Gluon variant '{variant}' reads fp16 key params only; page-grid key "
                                              f"ranges .* without a TMA ring: .*dnp_r128fslw,"):
             _decode(pool, q, gluon=True, tune=dict(block_n=16, gluon_variant=variant))
-    with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=16"):
-        _decode(pool, q, gluon=True, tune=dict(block_n=32, gluon_variant="dnp_r128fslw"))
+    # 32-token tiles over G_K 16 (two key groups per tile): dequantized keys paired from words only
+    cfg16 = OscarConfig(bits=2, page_size=32, k_group=16)
+    pool16 = build_pool(cfg16, h=1, d=128, p=32, lens=[40], seed=8)
+    for pl, variant in ((pool, "dnp_r128fslwk"), (pool16, "dnp_r128fslwk"), (pool16, "dnp_r128fs"), (pool16, "regs1"),
+                        (pool16, "dnp_r128fslwt3")):
+        with pytest.raises(ValueError, match=f"Gluon variant '{variant}' takes one key group per tile; 32-token tiles "
+                                             f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn$"):
+            _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
+    with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=8 \\(or twice it"):
+        gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
 
 
 @gpu
@@ -312,6 +338,30 @@ def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
     tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
     for n in (None, 1, 16):
         tune = dict(block_n=16, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
+        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
+        err = rel_rms(out, ref)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} splits={n} vs reference: {err:.2e}"
+        assert rel_rms(out, tri) < _bound(variant, bits, 1e-3), f"{variant} splits={n} vs Triton: {rel_rms(out, tri):.2e}"
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"), ("dnp_r128fslw", "group16")])
+def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_empty):
+    """On CUDA: 32-token Gluon tiles over key groups of 16 tokens (two groups per tile), page-grid
+    ranges and fp16 group pairs, against the reference and the Triton stage 1, split counts 1, the
+    default and 16, a sealed, a mixed and open pages."""
+    h, g, p, lens, last_sealed, scope = _SHAPES["llama8b_32q8kv"]
+    form = _PAGE_FORMAT if fmt == "page" else {"k_group": 16}
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **form)
+    pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
+                      device=torch.device("cuda"), seed=bits * 17)
+    q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
+    tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
+    for n in (None, 1, 16):
+        tune = dict(block_n=32, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
         out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
         err = rel_rms(out, ref)
         assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} splits={n} vs reference: {err:.2e}"
@@ -575,7 +625,6 @@ def test_the_gluon_default_rule(monkeypatch):
     assert kdecode.GLUON_DEFAULT_PAGE_BITS == (4,)
     assert "page-grid key ranges (key_ranges='page') at 2 bits" in reason(**_default_rule_args(**page, block_n=16))
     assert reason(**_default_rule_args(**page, block_n=16, bits=4)) is None
-    assert "block_n" in reason(**_default_rule_args(**page, block_n=32, bits=4))  # 32 tokens span two key groups
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())
     assert "page-grid" in reason(**_default_rule_args(**page, block_n=16, bits=4))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (4,))

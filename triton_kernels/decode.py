@@ -652,6 +652,7 @@ def oscar_decode_attention(
         gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=d, k_group=layer.k_group, v_group=layer.v_group,
                                        block_n=tune.block_n, group=group)
         gluon_decode.gluon_variant(tune.gluon_variant)  # unknown names: ValueError naming the known ones
+        gluon_decode.check_gluon_key_groups(tune.gluon_variant, block_n=tune.block_n, k_group=layer.k_group)
         reason = gluon_decode.gluon_available(q.device)
         if reason is not None:
             raise RuntimeError(reason)

@@ -329,8 +329,9 @@ def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, b
     if v_group % (head_dim // 8):
         raise ValueError(f"the Gluon stage 1 needs v_group a multiple of head_dim/8 = {head_dim // 8} (one value group "
                          f"per lane), got v_group={v_group}")
-    if block_n not in (16, 32) or k_group % block_n:
-        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32) dividing k_group={k_group}, got block_n={block_n}")
+    if block_n not in (16, 32) or (k_group % block_n and block_n != 2 * k_group):
+        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32) dividing k_group={k_group} (or twice it: two key "
+                         f"groups per tile, check_gluon_key_groups), got block_n={block_n}")
     if group > 16:
         raise ValueError(f"the Gluon stage 1 takes at most 16 query heads per KV head, got {group}")
 
@@ -375,6 +376,22 @@ def _page_params_asm(qmax: int) -> str:
             "mul.rn.f16x2 ta, ta, $4;\n"  # a * step
             "add.rn.f16x2 $1, ta, $5;\n"  # offset = base + a * step
             "}")
+
+
+def check_gluon_key_groups(variant: str, *, block_n: int, k_group: int) -> None:
+    """ValueError unless Gluon variant ``variant`` runs ``block_n``-token tiles over key groups of
+    ``k_group`` tokens: a tile spans one group, or two (``block_n == 2 * k_group``, e.g. 32-token
+    tiles at G_K 16) on the register path with dequantized keys whose params are paired from words
+    (``_tile_raw`` loads both groups' pairs, ``_attend(KG2)`` gives each half of the rows its own)."""
+    if block_n != 2 * k_group:
+        return
+    var = gluon_variant(variant)
+    if not var.pair_words or var.tma or var.stages or var.keys != "dequant":
+        able = ", ".join(n for n, v in GLUON_VARIANTS.items()
+                         if v.pair_words and not v.tma and not v.stages and v.keys == "dequant")
+        raise ValueError(f"Gluon variant {variant!r} takes one key group per tile; {block_n}-token tiles over key "
+                         f"groups of {k_group} need a register-path variant with dequantized keys paired from words: "
+                         f"{able}")
 
 
 def check_gluon_key_page(variant: str) -> None:
@@ -811,12 +828,18 @@ if gl is not None:
         kw = gl.load(kw_p)
         if PACKED == 2 and KEY_PAGE:  # page-grid key ranges: the params made from the grid and indices
             ks0, ko0 = _page_key_param_pairs(page, t0, i_h, kp_ptr, kr_ptr, H, D, BITS, P, G_K, LK)
-            ks1 = ks0
-            ko1 = ko0
+            if BLOCK_N > G_K:  # two key groups per tile: the second's in ks1 / ko1 (``_attend(KG2)``)
+                ks1, ko1 = _page_key_param_pairs(page, t0 + G_K, i_h, kp_ptr, kr_ptr, H, D, BITS, P, G_K, LK)
+            else:
+                ks1 = ks0
+                ko1 = ko0
         elif PACKED == 2:  # GluonVariant.pair_words: the key params paired from whole words
             ks0, ko0 = _key_param_pairs(page, t0, i_h, kp_ptr, H, D, BITS, P, G_K, LK)
-            ks1 = ks0
-            ko1 = ko0
+            if BLOCK_N > G_K:
+                ks1, ko1 = _key_param_pairs(page, t0 + G_K, i_h, kp_ptr, H, D, BITS, P, G_K, LK)
+            else:
+                ks1 = ks0
+                ko1 = ko0
         else:
             ks0 = gl.load(ks0_p)
             ks1 = gl.load(ks1_p)
@@ -871,13 +894,16 @@ if gl is not None:
                 D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
                 LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
                 PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
-                LEAN: gl.constexpr = False, LQP: gl.constexpr = None):
+                LEAN: gl.constexpr = False, LQP: gl.constexpr = None, KG2: gl.constexpr = False):
         """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
         dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
         tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
         running maximum moves only when the tile outgrows it by more than ``LAZY_TAU``
         (``GluonVariant.lazy_rescale``) and ``l_i`` is the running sum's per-lane partials ``[8, BLOCK_H]``
-        (``_row_partials``), reduced across the lanes once after the loop instead of every tile. KEYS 3 (``keys="mma"``): ``_folded_keys``."""
+        (``_row_partials``), reduced across the lanes once after the loop instead of every tile. KEYS 3 (``keys="mma"``): ``_folded_keys``.
+        KG2 (dequantized keys, ``PACKED``): the tile holds two key groups, ``ks0`` / ``ko0`` the first
+        half's params and ``ks1`` / ``ko1`` the second's (a select per param register: the row bit
+        that tells the halves apart is a register bit of the MMA layout)."""
         HALF: gl.constexpr = 16 // BITS
         W: gl.constexpr = D * BITS // 32
         WPL: gl.constexpr = W // 4
@@ -893,7 +919,13 @@ if gl is not None:
         x4, k_i4 = gl.broadcast(x4, k_i4)
         if KEYS == 0 or (KEYS == 3 and LEAN and BITS == 2):  # dequantized keys (keys="mma" defers to
             # lean_dequant at INT2: two instructions per pair beat the fold's per-tile terms there)
-            if PACKED:  # paired at load time (_tile_raw)
+            if PACKED and KG2:  # paired at load time, one group per half of the tile's rows
+                o_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LK))))
+                hi = gl.expand_dims(gl.expand_dims(gl.expand_dims(o_r >= BLOCK_N // 2, 1), 2), 3)  # [BLOCK_N, 1, 1, 1]
+                hi, s_pk = gl.broadcast(hi, gl.expand_dims(ks0, 0))
+                s_pk = gl.where(hi, gl.broadcast(hi, gl.expand_dims(ks1, 0))[1], s_pk)
+                o_pk = gl.where(hi, gl.broadcast(hi, gl.expand_dims(ko1, 0))[1], gl.broadcast(hi, gl.expand_dims(ko0, 0))[1])
+            elif PACKED:  # paired at load time (_tile_raw)
                 s_pk = gl.expand_dims(ks0, 0)
                 o_pk = gl.expand_dims(ko0, 0)
             else:
@@ -1449,7 +1481,7 @@ if gl is not None:
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                        it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
+                                        it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP, BLOCK_N > G_K)
             if LAZY:
                 l_i = _row_total(l_i, MMA)
         elif STAGES == 0:  # "regs1": the next tile's bytes in registers
@@ -1468,7 +1500,7 @@ if gl is not None:
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
-                                            it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP)
+                                            it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP, BLOCK_N > G_K)
                     raw = raw_n
                 if LAZY:
                     l_i = _row_total(l_i, MMA)
@@ -1642,6 +1674,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     block_h = max(8, 1 << (group - 1).bit_length())
     check_gluon_shape(bits=pool_args["BITS"], head_dim=d, k_group=pool_args["G_K"], v_group=pool_args["G_V"],
                       block_n=block_n, group=group)
+    check_gluon_key_groups(variant, block_n=block_n, k_group=pool_args["G_K"])
     f = fused or {}
     q, new_k, out = f.get("q_ptr"), f.get("new_k_ptr"), f.get("out_ptr")
     write = new_k is not None

@@ -256,7 +256,8 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
 
 
 def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
-                waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128, fmt: str = "group") -> dict:
+                waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128, fmt: str = "group",
+                block_n: int | None = None) -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
@@ -272,7 +273,8 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     the Triton stage 1; a separate write launch before the Gluon stage 1), as the backend runs it.
     ``fmt="page"`` (``--gluon-format page``): the INT2 server default's format (page-grid key
     ranges, G_K 16, G_V 64) instead of the paper's, the Gluon columns at 16-token tiles (one key
-    group per tile), the Triton ones at their default 32."""
+    group per tile), the Triton ones at their default 32. ``block_n`` (``--gluon-block-n``): the
+    Gluon columns' tile instead (32 at ``fmt="page"``: two key groups per tile)."""
     form = dict(k_group=16, v_group=64, key_page=True) if fmt == "page" else {}
     probe = OscarSetup(bits, batch, ctx, 1, **form)
     per_call = probe.kv_bytes()
@@ -280,11 +282,11 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     copies = copies_for(per_call, budget)
     st = OscarSetup(bits, batch, ctx, copies, **form)
     default = _dec._default_tuning(batch, H, D, P)
-    gbn = {"block_n": 16} if fmt == "page" else {}
+    gbn = {"block_n": block_n} if block_n else ({"block_n": 16} if fmt == "page" else {})
     splits = _dec.pick_num_splits(batch, H, waves=default.waves)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call,
-           "mode": mode, "format": fmt}
+           "mode": mode, "format": fmt, "gluon_block_n": gbn.get("block_n", default.block_n)}
     outs = {}
     labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants]
     res["variants"] = labels
@@ -339,8 +341,9 @@ def gluon_markdown(rows: list[dict], meta: dict) -> str:
     out = [f"Gluon stage 1 variants vs the default Triton kernel ({meta['gpu']}, triton {meta['triton']}, commit {meta['commit']}, "
            f"{meta['date']}); " + ("the whole decode step (write and query rotation included)"
                                     if meta.get("gluon_mode") == "fused" else "queries rotated beforehand, no write")
-           + ("; format: page-grid key ranges, G_K 16, G_V 64 (the INT2 server default), the Gluon columns at "
-              "16-token tiles" if meta.get("gluon_format") == "page" else "")
+           + ("; format: page-grid key ranges, G_K 16, G_V 64 (the INT2 server default)"
+              if meta.get("gluon_format") == "page" else "")
+           + (f"; the Gluon columns at {meta['gluon_block_n']}-token tiles" if meta.get("gluon_block_n") else "")
            + "; times in us (CUDA graphs over distinct KV copies). 'default': the Triton stage 1's tuning "
            "(`_default_tuning`), which the launcher replaces by the Gluon default where `gluon_default_reason` "
            "allows (session 21).", "",
@@ -1214,6 +1217,7 @@ def main() -> None:
     ap.add_argument("--gluon-step", action="store_true", help="with --gluon: time the whole decode step (the new token's write and the query rotation included: fused into the Triton stage 1, a separate launch before the Gluon one) instead of stage 1 + merge on rotated queries")
     ap.add_argument("--gluon-max-splits", type=int, default=128, help="with --gluon-waves: the most splits per (request, KV head) a <variant>@w<W> column may get (default 128, the default rule's cap)")
     ap.add_argument("--gluon-format", choices=("group", "page"), default="group", help="with --gluon: the pool's format: 'group' (the paper's: fp16 key group pairs, G_K = G_V = 32; default) or 'page' (the INT2 server default: page-grid key ranges, G_K 16, G_V 64; the Gluon columns at 16-token tiles)")
+    ap.add_argument("--gluon-block-n", type=int, choices=(16, 32), default=None, help="with --gluon: the Gluon columns' tile (default: 16 at --gluon-format page, one key group per tile; 32 there: two key groups per tile; else the default's 32)")
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -1290,6 +1294,10 @@ def main() -> None:
         if args.gluon_format == "page":
             for v in gvars:
                 gluon_decode.check_gluon_key_page(v)
+        meta["gluon_block_n"] = args.gluon_block_n or (16 if args.gluon_format == "page" else 32)
+        for v in gvars:
+            gluon_decode.check_gluon_key_groups(v, block_n=meta["gluon_block_n"],
+                                                k_group=16 if args.gluon_format == "page" else 32)
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
         for b, ctx in shapes:
@@ -1297,7 +1305,7 @@ def main() -> None:
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
                     rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"],
-                                            args.gluon_max_splits, args.gluon_format))
+                                            args.gluon_max_splits, args.gluon_format, args.gluon_block_n))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})

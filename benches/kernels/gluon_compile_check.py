@@ -55,6 +55,7 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     block_h = max(8, 1 << (group - 1).bit_length())
     block_g = max(1, 1 << (group - 1).bit_length())
     G.check_gluon_shape(bits=bits, head_dim=d, k_group=k_group, v_group=v_group, block_n=block_n, group=group)
+    G.check_gluon_key_groups(variant, block_n=block_n, k_group=k_group)
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
                  BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
                  # a fused variant compiles the whole step (query rotation, write, rotated-back partials, merge)

@@ -406,6 +406,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
     args = kdecode.named_pool_arguments(pool.layer)
     if args["KEY_PAGE"]:
         G.check_gluon_key_page(var.name)  # the launcher's check (a GluonVariant: by its name's registered form)
+    G.check_gluon_key_groups(var.name, block_n=block_n, k_group=args["G_K"])
     b, hq, d = q_rot.shape
     h = args["H"]
     n_part = part_o.shape[2]
