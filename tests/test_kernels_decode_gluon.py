@@ -321,27 +321,32 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
         gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
 
 
+def _check_g16_format_on_cuda(variant: str, bits: int, form: dict, block_n: int, seed: int) -> None:
+    """The Gluon stage 1 (``variant``, ``block_n``-token tiles) on a Llama-shaped pool in format
+    ``form`` (key groups of 16) against the reference and the Triton stage 1 (32-token tiles, two
+    key groups each), split counts 1, the default and 16, a sealed, a mixed and open pages."""
+    h, g, p, lens, last_sealed, scope = _SHAPES["llama8b_32q8kv"]
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **form)
+    pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
+                      device=torch.device("cuda"), seed=seed)
+    q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
+    ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
+    tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
+    for n in (None, 1, 16):
+        tune = dict(block_n=block_n, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
+        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
+        err = rel_rms(out, ref)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} splits={n} vs reference: {err:.2e}"
+        assert rel_rms(out, tri) < _bound(variant, bits, 1e-3), f"{variant} splits={n} vs Triton: {rel_rms(out, tri):.2e}"
+
+
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant", _PAGE_VARIANTS)
 def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
-    """On CUDA: the Gluon stage 1 over page-grid key ranges (16-token tiles) against the reference
-    and the Triton stage 1's page-grid path (32-token tiles, two key groups each), split counts 1,
-    the default and 16, a sealed, a mixed and open pages."""
-    h, g, p, lens, last_sealed, scope = _SHAPES["llama8b_32q8kv"]
-    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **_PAGE_FORMAT)
-    pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
-                      device=torch.device("cuda"), seed=bits * 13)
-    q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
-    ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
-    tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
-    for n in (None, 1, 16):
-        tune = dict(block_n=16, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
-        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
-        err = rel_rms(out, ref)
-        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} splits={n} vs reference: {err:.2e}"
-        assert rel_rms(out, tri) < _bound(variant, bits, 1e-3), f"{variant} splits={n} vs Triton: {rel_rms(out, tri):.2e}"
+    """On CUDA: the Gluon stage 1 over page-grid key ranges on 16-token tiles (one key group each)."""
+    _check_g16_format_on_cuda(variant, bits, _PAGE_FORMAT, 16, seed=bits * 13)
 
 
 @gpu
@@ -350,22 +355,8 @@ def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"), ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_empty):
     """On CUDA: 32-token Gluon tiles over key groups of 16 tokens (two groups per tile), page-grid
-    ranges and fp16 group pairs, against the reference and the Triton stage 1, split counts 1, the
-    default and 16, a sealed, a mixed and open pages."""
-    h, g, p, lens, last_sealed, scope = _SHAPES["llama8b_32q8kv"]
-    form = _PAGE_FORMAT if fmt == "page" else {"k_group": 16}
-    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **form)
-    pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
-                      device=torch.device("cuda"), seed=bits * 17)
-    q = torch.randn(len(lens), h * g, 128).bfloat16().cuda()
-    ref = reference_decode(pool, q, 1.0 / math.sqrt(128))
-    tri = _decode(pool, q, gluon=False, out=torch.empty(q.shape, device="cuda"))
-    for n in (None, 1, 16):
-        tune = dict(block_n=32, gluon_variant=variant, **({} if n is None else {"num_splits": n}))
-        out = _decode(pool, q, gluon=True, out=torch.full(q.shape, float("nan"), device="cuda"), tune=tune)
-        err = rel_rms(out, ref)
-        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} splits={n} vs reference: {err:.2e}"
-        assert rel_rms(out, tri) < _bound(variant, bits, 1e-3), f"{variant} splits={n} vs Triton: {rel_rms(out, tri):.2e}"
+    ranges and fp16 group pairs."""
+    _check_g16_format_on_cuda(variant, bits, _PAGE_FORMAT if fmt == "page" else {"k_group": 16}, 32, seed=bits * 17)
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
