@@ -281,6 +281,21 @@ def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
         assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
 
 
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
+@pytest.mark.parametrize("k_group", [32, 64])
+def test_gluon_reads_wider_page_grid_key_groups_right_on_the_cpu(k_group):
+    """Page-grid key ranges over key groups of 32 and 64 tokens on 32-token tiles (one group per
+    tile, or half of one): the numpy stand-in against the reference and the Triton kernel."""
+    chk = _numpy_check_module()
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 2, 4, 128, [300, 128, 5], {1}, "layer", 32, 3, bits + 70, "dnp_r128fslw",
+                               fmt={**_PAGE_FORMAT, "k_group": k_group})
+        assert err < ATTN_BOUND_FP32_OUT, f"G_K {k_group} INT{bits} vs reference: {err:.2e}"
+        assert agree < 1e-3, f"G_K {k_group} INT{bits} vs Triton: relative RMS {agree:.2e}"
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_page_grid_u_in_three_f16x2_operations_is_the_reference_quotient(bits):
     """The Gluon page-grid path's ``u = h(step / qmax)`` (``page_u_f16``: a product with h(1/qmax),
@@ -616,6 +631,7 @@ def test_the_gluon_default_rule(monkeypatch):
     assert kdecode.GLUON_DEFAULT_PAGE_BITS == (4,)
     assert "page-grid key ranges (key_ranges='page') at 2 bits" in reason(**_default_rule_args(**page, block_n=16))
     assert reason(**_default_rule_args(**page, block_n=16, bits=4)) is None
+    assert "measured at k_group=16 only" in reason(**_default_rule_args(**{**page, "k_group": 32}, bits=4))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())
     assert "page-grid" in reason(**_default_rule_args(**page, block_n=16, bits=4))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (4,))

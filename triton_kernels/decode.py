@@ -514,6 +514,9 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
         return (f"page-grid key ranges (key_ranges='page') at {bits} bits: the Gluon stage 1 reads them (opt-in, "
                 f"16-token tiles) but was measured faster at {' and '.join(map(str, GLUON_DEFAULT_PAGE_BITS)) or 'no'} "
                 f"bits only")
+    if key_page and k_group != 16:
+        return (f"page-grid key ranges with k_group={k_group}: the Gluon default for them was measured at k_group=16 "
+                f"only (opt-in elsewhere)")
     try:
         gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=block_n,
                                        group=group)
@@ -550,8 +553,9 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
 
 def gluon_block_n(block_n: int, k_group: int) -> int:
     """The Gluon default's tile: the Triton tuning's ``block_n`` where it divides the key group,
-    else 16 (a Gluon tile spans one key group at most: G_K 16, the page-grid format's, takes
-    16-token tiles)."""
+    else 16 (the default keeps one key group per tile: G_K 16, the page-grid format's, takes
+    16-token tiles; 32-token tiles over two key groups, ``check_gluon_key_groups``, are opt-in
+    until a GPU run times them)."""
     return block_n if k_group % block_n == 0 else 16
 
 
