@@ -608,7 +608,7 @@ def _default_rule_args(**over):
 
 def test_the_gluon_default_rule(monkeypatch):
     """Where the default decode takes the Gluon stage 1 (``gluon_default_reason``): from 32 to 1024
-    (request, KV head) pairs, group key ranges, a shape the Gluon stage 1 reads, sm_90, Triton
+    (request, KV head) pairs, group key ranges (page-grid ones at INT4, G_K 16), a shape the Gluon stage 1 reads, sm_90, Triton
     3.6's Gluon, unless OSCAR_SGL_GLUON_DECODE=0; every other case names why not. Here (CPU) the
     launcher's own tuning stays on the Triton stage 1."""
     monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV, raising=False)
@@ -635,7 +635,8 @@ def test_the_gluon_default_rule(monkeypatch):
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())
     assert "page-grid" in reason(**_default_rule_args(**page, block_n=16, bits=4))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (4,))
-    assert kdecode.gluon_block_n(32, 16) == 16 and kdecode.gluon_block_n(32, 32) == 32
+    assert kdecode.gluon_block_n(32, 16, True) == 16 and kdecode.gluon_block_n(32, 32, True) == 32
+    assert kdecode.gluon_block_n(32, 16, False) == 32 and kdecode.gluon_block_n(64, 16, True) == 64
     assert "head_dim" in reason(**_default_rule_args(head_dim=64))
     assert "v_group" in reason(**_default_rule_args(v_group=8))
     assert "16 query heads" in reason(**_default_rule_args(group=32))
@@ -683,7 +684,21 @@ def test_the_gluon_default_rule(monkeypatch):
         if flag:
             assert t.gluon_variant == kdecode.GLUON_DEFAULT_PAGE_VARIANT
             gluon_decode.check_gluon_key_page(t.gluon_variant)
-        assert t.waves == kdecode._default_tuning(8, 8, 128, 128).waves
+            assert t.resident == kdecode.GLUON_RESIDENT
+        page_layer = types.SimpleNamespace(bits=bits, k_ranges=object(), k_group=16, v_group=64)
+        n = kdecode.decode_num_splits(8, 8, 128, 128, layer=page_layer, num_q_heads=32, device="cuda")
+        assert n == kdecode.pick_num_splits(8, 8, waves=16.0, resident=t.resident), bits
+    # formats and shapes the default was not measured on keep the Triton stage 1: group key ranges at
+    # G_K 16 (32-token tiles span two groups; the default variant takes one), head_dim 256 (64-token
+    # Triton tiles)
+    for kw in (dict(head_dim=128, k_group=16, v_group=32, key_page=False),
+               dict(head_dim=256, k_group=32, v_group=32, key_page=False),
+               dict(head_dim=256, k_group=16, v_group=64, key_page=True)):
+        d = kw.pop("head_dim")
+        for bits in (2, 4):
+            t = kdecode._launch_tuning(8, 8, d, 128, group=4, bits=bits, device=torch.device("cuda"), **kw)
+            assert not t.gluon and t == kdecode._default_tuning(8, 8, d, 128), (d, kw, bits)
+        kw["head_dim"] = d
     assert kdecode._default_tuning(64, 8, 128, 128).waves is None  # the Triton tuning balances from 512 pairs
     assert kdecode._default_tuning(64, 8, 128, 128).resident == kdecode.RESIDENT_PROGRAMS_PER_SM == 8
     # on an H200's 132 SMs (requests at 8 KV heads: Gluon's whole waves of 16 vs Triton's of 8):
@@ -700,8 +715,8 @@ def test_the_gluon_default_rule(monkeypatch):
 def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_empty):
     """8 requests at 8 KV heads (64 pairs) on an sm_90 GPU: the launcher's own choice is the Gluon
     step (``GLUON_DEFAULT_VARIANT``, bit-identical to asking for it), for the paper format, and for
-    page-grid key ranges (the INT2 serving format) on 16-token tiles where ``GLUON_DEFAULT_PAGE``
-    says so (else the Triton step); with OSCAR_SGL_GLUON_DECODE=0 the fused Triton step
+    page-grid key ranges on 16-token tiles at the bit widths ``GLUON_DEFAULT_PAGE_BITS`` names
+    (INT4; else, as for the INT2 serving format, the Triton step); with OSCAR_SGL_GLUON_DECODE=0 the fused Triton step
     (bit-identical to the explicit Triton tuning)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon default is taken on sm_90 only")

@@ -496,9 +496,10 @@ GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim: int, bits: int, k_group: int,
                          v_group: int, key_page: bool, block_n: int, device: torch.device,
                          capability: tuple[int, int] | None = None) -> str | None:
-    """None when the default decode runs the Gluon stage 1 (``GLUON_DEFAULT_VARIANT``) for this
-    launch, else why it runs the Triton stage 1. Depends on the batch size, never on lengths (one
-    CUDA graph per batch size). ``capability``: the device's (tests; None: asked from ``device``)."""
+    """None when the default decode runs the Gluon stage 1 (``GLUON_DEFAULT_VARIANT``; for page-grid
+    key ranges ``GLUON_DEFAULT_PAGE_VARIANT``) on ``block_n``-token tiles for this launch, else why
+    it runs the Triton stage 1. Depends on the batch size, never on lengths (one CUDA graph per
+    batch size). ``capability``: the device's (tests; None: asked from ``device``)."""
     import os
 
     env = os.environ.get(GLUON_DEFAULT_ENV, "1")
@@ -517,9 +518,13 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
     if key_page and k_group != 16:
         return (f"page-grid key ranges with k_group={k_group}: the Gluon default for them was measured at k_group=16 "
                 f"only (opt-in elsewhere)")
+    variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
     try:
         gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=block_n,
                                        group=group)
+        gluon_decode.check_gluon_key_groups(variant, block_n=block_n, k_group=k_group)
+        if key_page:
+            gluon_decode.check_gluon_key_page(variant)
     except ValueError as exc:
         return str(exc)
     reason = gluon_decode.gluon_available(device if capability is None else None)
@@ -542,7 +547,7 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     over whole waves of ``GLUON_RESIDENT`` programs per SM where the Triton tuning balances over 8
     (from 512 pairs on; the same split count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
-    block_n = gluon_block_n(tune.block_n, k_group)
+    block_n = gluon_block_n(tune.block_n, k_group, key_page)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=block_n,
                             device=device) is None:
@@ -551,12 +556,13 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     return tune
 
 
-def gluon_block_n(block_n: int, k_group: int) -> int:
-    """The Gluon default's tile: the Triton tuning's ``block_n`` where it divides the key group,
-    else 16 (the default keeps one key group per tile: G_K 16, the page-grid format's, takes
-    16-token tiles; 32-token tiles over two key groups, ``check_gluon_key_groups``, are opt-in
-    until a GPU run times them)."""
-    return block_n if k_group % block_n == 0 else 16
+def gluon_block_n(block_n: int, k_group: int, key_page: bool) -> int:
+    """The Gluon default's tile: the Triton tuning's ``block_n``, except 16 for page-grid key ranges
+    at G_K 16 (the format and tile measured: one key group per tile; 32-token tiles over two key
+    groups, ``check_gluon_key_groups``, are opt-in until a GPU run times them). Elsewhere a tile the
+    Gluon stage 1 cannot take (e.g. group key ranges at G_K 16: 32 tokens span two groups, which
+    ``GLUON_DEFAULT_VARIANT`` does not do) keeps the Triton stage 1 (``gluon_default_reason``)."""
+    return 16 if key_page and k_group == 16 and block_n == 32 else block_n
 
 
 def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
@@ -597,8 +603,9 @@ def oscar_decode_attention(
     with few splits the last program of each (request, KV head) merges them: one launch per layer
     and step. On an sm_90 GPU with Triton 3.6, from 32 to 1024 (request, KV head) pairs and the
     formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
-    (``GLUON_DEFAULT_VARIANT``: the write, the query rotation and with few splits the merge in its
-    launch too, else a merge launch after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.
+    (``GLUON_DEFAULT_VARIANT``, ``GLUON_DEFAULT_PAGE_VARIANT`` for page-grid key ranges at INT4: the
+    write, the query rotation and with few splits the merge in its launch too, else a merge launch
+    after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.

@@ -820,7 +820,9 @@ if gl is not None:
         ``i_h``) in registers, each lane loading exactly the words and params its operand registers
         use (``_tile_ptrs`` and ``_tile_small``). ``PACKED``: the key and value (scale, offset)
         already paired into int32 f16x2 words (in ``ks0`` / ``ko0`` / ``vs0`` / ``vo0``; ``ks1`` /
-        ``ko1`` / ``vs1`` / ``vo1`` then unused), half the registers a prefetched tile holds for them.
+        ``ko1`` / ``vs1`` / ``vo1`` then unused, except ``ks1`` / ``ko1`` with ``PACKED == 2`` and
+        ``BLOCK_N == 2 * G_K``: the tile's second key group), half the registers a prefetched tile
+        holds for them.
         ``KEY_PAGE`` (with ``PACKED == 2``): page-grid key ranges, ``kp_ptr`` the page grids and
         ``kr_ptr`` the groups' index bytes (``_page_key_param_pairs``)."""
         kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
