@@ -446,7 +446,8 @@ def test_gluon_decode_refuses_what_it_does_not_support(nan_empty):
         _decode(pool, q, gluon=True)
     cfg = OscarConfig(bits=4, page_size=32, k_group=16)
     pool = build_pool(cfg, h=1, d=128, p=32, lens=[40], seed=7)
-    with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=16"):
+    with pytest.raises(ValueError, match="Gluon variant 'regs1' takes one key group per tile; 32-token tiles over key "
+                                         "groups of 16"):
         _decode(pool, q, gluon=True, tune=dict(block_n=32))
     with pytest.raises(ValueError, match="unknown Gluon stage-1 variant 'cp9'"):
         _decode(pool, q, gluon=True, tune=dict(block_n=16, gluon_variant="cp9"))
