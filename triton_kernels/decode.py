@@ -480,13 +480,14 @@ GLUON_DEFAULT_PAIRS = (32, 1024)
 GLUON_RESIDENT = 16
 #: The bit widths at which the default rule takes the Gluon stage 1 for page-grid key ranges
 #: (G_K 16, so 16-token Gluon tiles: ``gluon_block_n``). H200, session 25, whole steps against the
-#: fused Triton step with ``GLUON_DEFAULT_PAGE_VARIANT``: INT4 1.03-1.04x at 4K-8K tokens, 1.11-1.14x
-#: at 64-128 requests, 1.23-1.32x at 32K-64K, 0.90x at (32, 1024); INT2 (the server default's
-#: format) 0.97-0.98x at 4K-8K tokens and 64-128 requests, 0.90x at (32, 1024), 1.05-1.09x at
-#: 32K-64K: INT2 stays on the Triton stage 1 (benches/results/kernels_gluon_s25/).
+#: fused Triton step with ``GLUON_DEFAULT_PAGE_VARIANT``: INT4 1.02-1.04x at 4-8 requests of 4K-8K
+#: tokens, 1.11-1.17x at (16, 8192) and 64-128 requests, 1.19-1.32x at 32K-64K, 0.90x at (32, 1024);
+#: INT2 (the server default's format) 0.97-0.98x at 4-8 requests of 4K-8K tokens and at 64-128
+#: requests, 1.04x at (16, 8192), 1.01-1.09x at 32K-64K, 0.90x at (32, 1024): INT2 stays on the
+#: Triton stage 1 (benches/results/kernels_gluon_s25/).
 GLUON_DEFAULT_PAGE_BITS = (4,)
 #: The Gluon variant the default takes for page-grid key ranges: on 16-token tiles (one key group
-#: each) folding the key params into the query costs more than it saves (H200, session 25: 2-7 %
+#: each) folding the key params into the query costs more than it saves (H200, session 25: 2-8 %
 #: slower than ``dnp_r128fslw``).
 GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslw"
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
