@@ -169,6 +169,7 @@ _needs_interpreter = pytest.mark.skipif(
 #: count alone (t2 = t3) and the union of two checked forms (lean at INT2, folded keys at INT4).
 #: Their own source runs in test_gluon_source_runs_right_on_the_cpu, their steps on a GPU.
 _STEP_COVERED_BY = {"dnp_r128fslwt2": "dnp_r128fslwt3", "dnp_r128fslwnk": "dnp_r128fslwn, dnp_r128fslwk",
+                    "dnp_r128fslwm": "dnp_r128fslwk (its steps differ in _folded_keys only)",
                     "dnp_r128fslwt2x2": "dnp_r128fslwnkt2x2"}
 
 
@@ -242,7 +243,7 @@ def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, bl
 #: The INT2 server default's format (config.INT2_FORMAT): page-grid key ranges, G_K 16, G_V 64.
 _PAGE_FORMAT = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
 #: The variants that read page-grid key ranges (``check_gluon_key_page``), one per key form.
-_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk"]
+_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm"]
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -410,7 +411,7 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.gluon_variant("cp9")
     with pytest.raises(ValueError, match="stages must be 0 .* or 2..4"):
         gluon_decode.GluonVariant("x", stages=1)
-    with pytest.raises(ValueError, match="keys must be one of dequant, fold, magic, mma, got 'free'"):
+    with pytest.raises(ValueError, match="keys must be one of dequant, fold, magic, mma, mma_magic, got 'free'"):
         gluon_decode.GluonVariant("x", keys="free")
     with pytest.raises(ValueError, match="maxnreg must be in \\[24, 255\\]"):
         gluon_decode.GluonVariant("x", maxnreg=300)
@@ -420,6 +421,8 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.GluonVariant("x", keys="fold", packed=True)
     with pytest.raises(ValueError, match="keys='mma' folds the key params the packed form pairs"):
         gluon_decode.GluonVariant("x", keys="mma")
+    with pytest.raises(ValueError, match="keys='mma_magic' folds the key params the packed form pairs"):
+        gluon_decode.GluonVariant("x", keys="mma_magic")
     with pytest.raises(ValueError, match="tma must be 0 \\(off\\) or a ring of 2..4 slots .* got tma=3"):
         gluon_decode.GluonVariant("x", tma=3)
     with pytest.raises(ValueError, match="got tma=5"):

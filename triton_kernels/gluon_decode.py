@@ -91,7 +91,10 @@ class GluonVariant:
             takes the exact codes (LOP3 + HSUB2, ``_folded_keys``). Per 32-token tile and lane the
             keys' 64 HFMA2 give way to 16 HMUL2, 8 HMMA and 16 moves (the offsets' operand
             registers). With ``lean_dequant`` the INT2 keys stay dequantized (two instructions per
-            pair there beat the fold) and the fold applies at INT4.
+            pair there beat the fold) and the fold applies at INT4. ``"mma_magic"``: ``"mma"`` with
+            the codes as the LOP3 makes them (``2^(10-b) + code``: one instruction per pair, no
+            HSUB2) and ``q' . 2^(10-b)`` taken out by a second MMA of the same rounded ``q'``
+            (exact products in fp32: the ``magic`` mode's cancellation without its fp32 reduction).
         prefetch: with ``stages`` 0, the next tile's bytes are loaded before the current tile's math
             (True, "regs1") or each tile's right before its own math (False: nothing of the next
             tile is held, so fewer registers per lane and more one-warp programs per SM hide the
@@ -194,23 +197,23 @@ class GluonVariant:
         if not self.prefetch and self.stages:
             raise ValueError("GluonVariant.prefetch=False is the register path (stages 0): a cp.async ring always "
                              "streams ahead")
-        if self.packed and (self.stages or self.keys not in ("dequant", "mma")):
+        if self.packed and (self.stages or self.keys not in ("dequant", "mma", "mma_magic")):
             raise ValueError("GluonVariant.packed pairs the params of the register path's keys (stages 0, keys "
                              "'dequant' or 'mma')")
-        if self.keys == "mma" and not self.packed:
-            raise ValueError("GluonVariant keys='mma' folds the key params the packed form pairs (packed=True)")
-        if self.fused and (self.stages or self.keys not in ("dequant", "mma")):
+        if self.keys in ("mma", "mma_magic") and not self.packed:
+            raise ValueError(f"GluonVariant keys={self.keys!r} folds the key params the packed form pairs (packed=True)")
+        if self.fused and (self.stages or self.keys not in ("dequant", "mma", "mma_magic")):
             raise ValueError("GluonVariant.fused takes the step's other parts into the register path (stages 0, keys "
                              "'dequant' or 'mma')")
-        if self.spread_open and (self.stages or self.keys not in ("dequant", "mma")):
+        if self.spread_open and (self.stages or self.keys not in ("dequant", "mma", "mma_magic")):
             raise ValueError("GluonVariant.spread_open spreads the open page over the register path's splits "
                              "(stages 0, keys 'dequant' or 'mma')")
-        if self.lean_dequant and (self.stages or self.keys not in ("dequant", "mma")):
+        if self.lean_dequant and (self.stages or self.keys not in ("dequant", "mma", "mma_magic")):
             raise ValueError("GluonVariant.lean_dequant is a form of the register path (stages 0, keys 'dequant' or "
                              "'mma')")
         if self.pair_words and not self.packed:
             raise ValueError("GluonVariant.pair_words is how the packed form pairs its key params (packed=True)")
-        if self.lazy_rescale and (self.stages or self.keys not in ("dequant", "mma")):
+        if self.lazy_rescale and (self.stages or self.keys not in ("dequant", "mma", "mma_magic")):
             raise ValueError("GluonVariant.lazy_rescale is a form of the register path (stages 0, keys 'dequant' or "
                              "'mma')")
         if self.tma and (self.tma not in (2, 3, 4) or self.prefetch or not self.pair_words):
@@ -224,7 +227,7 @@ class GluonVariant:
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
 
-_KEY_MODES = ("dequant", "fold", "magic", "mma")  # the KEYS constexpr of the kernel: 0, 1, 2, 3
+_KEY_MODES = ("dequant", "fold", "magic", "mma", "mma_magic")  # the KEYS constexpr of the kernel: 0 .. 4
 
 GLUON_VARIANTS: dict[str, GluonVariant] = {
     v.name: v
@@ -271,6 +274,10 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # query and an accumulator-input MMA (keys="mma"); with the lean INT2 form: lean at INT2, fold at INT4
         GluonVariant("dnp_r128fslwk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma"),
+        # session 26: the key codes into the MMA as the LOP3 makes them (2^(10-b) + code, no HSUB2), the
+        # magic taken out by one more MMA of the same rounded q' (``_folded_keys(MAGIC)``)
+        GluonVariant("dnp_r128fslwm", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma_magic"),
         GluonVariant("dnp_r128fslwnk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True, keys="mma"),
         # ... and the sealed tiles streamed by the TMA into a ring of 3 slots (no register or address
@@ -506,7 +513,8 @@ if gl is not None:
 
     @gluon.jit
     def _folded_keys(x4, k_i4, ks, ko, b_q, BITS: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr,
-                     BLOCK_H: gl.constexpr, LK: gl.constexpr, MMA: gl.constexpr, LQP: gl.constexpr):
+                     BLOCK_H: gl.constexpr, LK: gl.constexpr, MMA: gl.constexpr, LQP: gl.constexpr,
+                     MAGIC: gl.constexpr = False):
         """``keys="mma"``: the operands of ``K q = sum_c (q_c s_c)(M_c + code_c) + sum_c q_c o'_c``
         over a tile whose key params are constant (G_K a multiple of BLOCK_N), with ``ks`` / ``ko``
         the packed (scale, offset) pairs ``[WPL, HALF, 4]``: the code operand ``[BLOCK_N, D]``
@@ -515,12 +523,19 @@ if gl is not None:
         broadcast over 16 rows, with the query). The codes are exact (LOP3 + HSUB2, ``M = 0``): the
         MMA's products ``q' M`` with the LOP3's magic ``M`` would carry q''s fp16 rounding times
         ``M + code`` (with the lean shift's ``M`` of 16 / 4 the numpy stand-in measured 7.1e-3
-        relative RMS from the Triton kernel at INT2, twice ``lean_dequant``'s 3.6e-3)."""
+        relative RMS from the Triton kernel at INT2, twice ``lean_dequant``'s 3.6e-3).
+
+        ``MAGIC`` (``keys="mma_magic"``): the codes as the LOP3 makes them, ``M_c + code_c`` with
+        ``M_c = 2^(10 - bpos)`` (no HSUB2: one instruction per pair instead of two), and
+        ``sum_c q'_c M_c`` taken out by one more MMA into the accumulator input, of the same
+        rounded ``q'`` against a constant A operand of rows ``-M_c``: the products of fp16 values
+        are exact in the fp32 accumulator, so the two terms cancel there up to its rounding
+        (``2^-24`` of ``sum_c |q'_c| M_c``) instead of carrying ``q'``'s fp16 rounding times ``M``."""
         HALF: gl.constexpr = 16 // BITS
         WPL: gl.constexpr = D * BITS // 128
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        k_lo, k_hi = _code_pairs(x4, k_i4, BITS, True)
+        k_lo, k_hi = _code_pairs(x4, k_i4, BITS, not MAGIC)
         b_k = gl.convert_layout(gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D]), A_OP, assert_trivial=True)
         # q' = q * s: the scale pair of k positions (p, p + 1) times the query pair of each head
         # (the query's pairs are its B-operand registers as they are: no instruction, no register)
@@ -538,6 +553,15 @@ if gl is not None:
         o_lo, o_hi = _halves_f16(o16)
         a_o = gl.convert_layout(gl.reshape(gl.join(o_lo, o_hi), [16, D]), A_OP, assert_trivial=True)
         c16 = mma_v2(a_o, b_q, gl.zeros([16, BLOCK_H], gl.float32, MMA))
+        if MAGIC:  # - sum_c q'_c M_c: 16 identical rows of -M_c (f16x2 of -2^(10 - bpos), a constant operand)
+            J: gl.constexpr = 8 // BITS
+            m_i = gl.arange(0, HALF, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LK))))
+            m_h = (((25 - (m_i % J) * BITS) << 10) | 0x8000)  # the fp16 bits of -2^(10 - bpos)
+            m_w = gl.expand_dims(gl.expand_dims(gl.expand_dims(m_h | (m_h << 16), 0), 1), 3)  # [1, 1, HALF, 1]
+            m16 = m_w + gl.zeros([16, WPL, HALF, 4], gl.int32, LK)
+            m_lo, m_hi = _halves_f16(m16)
+            a_m = gl.convert_layout(gl.reshape(gl.join(m_lo, m_hi), [16, D]), A_OP, assert_trivial=True)
+            c16 = mma_v2(a_m, b_qs, c16)
         if BLOCK_N == 16:
             c_s = c16
         else:  # 32: the same rows for both m-tiles
@@ -919,7 +943,7 @@ if gl is not None:
         k_i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k_i, 0), 1), 3)  # [1, 1, HALF, 1]
         x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
         x4, k_i4 = gl.broadcast(x4, k_i4)
-        if KEYS == 0 or (KEYS == 3 and LEAN and BITS == 2):  # dequantized keys (keys="mma" defers to
+        if KEYS == 0 or (KEYS >= 3 and LEAN and BITS == 2):  # dequantized keys (keys="mma" defers to
             # lean_dequant at INT2: two instructions per pair beat the fold's per-tile terms there)
             if PACKED and KG2:  # paired at load time, one group per half of the tile's rows
                 o_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LK))))
@@ -942,8 +966,8 @@ if gl is not None:
             b_k = gl.reshape(gl.join(k_lo, k_hi), [BLOCK_N, D])
             b_k = gl.convert_layout(b_k, A_OP, assert_trivial=True)
             b_s = mma_v2(b_k, b_q, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, MMA))
-        elif KEYS == 3:  # codes into the MMA; q' = q * scale (HMUL2) and q . offset (an MMA) per tile
-            b_k, b_qs, c_s = _folded_keys(x4, k_i4, ks0, ko0, b_q, BITS, D, BLOCK_N, BLOCK_H, LK, MMA, LQP)
+        elif KEYS >= 3:  # codes into the MMA; q' = q * scale (HMUL2) and q . offset (an MMA) per tile
+            b_k, b_qs, c_s = _folded_keys(x4, k_i4, ks0, ko0, b_q, BITS, D, BLOCK_N, BLOCK_H, LK, MMA, LQP, KEYS == 4)
             b_s = mma_v2(b_k, b_qs, c_s)
         else:  # codes into the MMA, (scale, offset) folded into the query and a per-head term
             k_lo, k_hi = _code_pairs(x4, k_i4, BITS, KEYS == 1)
