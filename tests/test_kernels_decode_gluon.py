@@ -170,6 +170,7 @@ _needs_interpreter = pytest.mark.skipif(
 #: Their own source runs in test_gluon_source_runs_right_on_the_cpu, their steps on a GPU.
 _STEP_COVERED_BY = {"dnp_r128fslwt2": "dnp_r128fslwt3", "dnp_r128fslwnk": "dnp_r128fslwn, dnp_r128fslwk",
                     "dnp_r128fslwm": "dnp_r128fslwk (its steps differ in _folded_keys only)",
+                    "dnp_r128fslwnm": "dnp_r128fslwn, dnp_r128fslwk",
                     "dnp_r128fslwt2x2": "dnp_r128fslwnkt2x2"}
 
 

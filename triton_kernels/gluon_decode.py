@@ -145,6 +145,8 @@ class GluonVariant:
             and lane fewer, 72 shifts and offset fmas more. Not bit-identical: the folded offset is
             rounded to fp16 (within the bounds of the tests; a quality run decides adoption).
             INT4 keeps the three-instruction form (its four codes per half need a shift each).
+            With ``keys="mma"`` the INT2 keys are dequantized this way too (not folded); with
+            ``keys="mma_magic"`` only the values are (the keys stay on the magic MMA).
         tma: 0, or the slots of a ring that the Hopper tensor-memory accelerator fills with the sealed
             tiles (code words, key params, value params; ``_tma_issue``), ``tma - 1`` tiles in flight
             while a tile's math runs, each slot's arrival on an mbarrier: no per-lane address
@@ -278,6 +280,10 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # magic taken out by one more MMA of the same rounded q' (``_folded_keys(MAGIC)``)
         GluonVariant("dnp_r128fslwm", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma_magic"),
+        # ... with the lean INT2 values (the keys stay on the magic MMA at both bit widths)
+        GluonVariant("dnp_r128fslwnm", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma_magic"),
         GluonVariant("dnp_r128fslwnk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True, keys="mma"),
         # ... and the sealed tiles streamed by the TMA into a ring of 3 slots (no register or address
@@ -943,7 +949,7 @@ if gl is not None:
         k_i4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(k_i, 0), 1), 3)  # [1, 1, HALF, 1]
         x4 = gl.expand_dims(kw, 2)  # [BLOCK_N, WPL, 1, 4]
         x4, k_i4 = gl.broadcast(x4, k_i4)
-        if KEYS == 0 or (KEYS >= 3 and LEAN and BITS == 2):  # dequantized keys (keys="mma" defers to
+        if KEYS == 0 or (KEYS == 3 and LEAN and BITS == 2):  # dequantized keys (keys="mma" defers to
             # lean_dequant at INT2: two instructions per pair beat the fold's per-tile terms there)
             if PACKED and KG2:  # paired at load time, one group per half of the tile's rows
                 o_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LK))))
