@@ -171,6 +171,7 @@ _needs_interpreter = pytest.mark.skipif(
 _STEP_COVERED_BY = {"dnp_r128fslwt2": "dnp_r128fslwt3", "dnp_r128fslwnk": "dnp_r128fslwn, dnp_r128fslwk",
                     "dnp_r128fslwm": "dnp_r128fslwk (its steps differ in _folded_keys only)",
                     "dnp_r128fslwnm": "dnp_r128fslwn, dnp_r128fslwk",
+                    "dnp_r128fslwko": "dnp_r128fslwk (the launch order alone differs)",
                     "dnp_r128fslwt2x2": "dnp_r128fslwnkt2x2"}
 
 
@@ -514,7 +515,7 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "d16fs", "dnp_r128fs", "regs1s", "dnp_r128fsl",
                                      "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn", "dnp_r128fslwk",
                                      "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2",
-                                     "dnp_r128fslwnkt2x2"])
+                                     "dnp_r128fslwnkt2x2", "dnp_r128fslwm", "dnp_r128fslwnm", "dnp_r128fslwko"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -563,7 +564,7 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 @needs_gluon
 @pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl", "dnp_r128fslw",
                                      "dnp_r128fslwn", "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3",
-                                     "dnp_r128fslwnkt2x2"])
+                                     "dnp_r128fslwnkt2x2", "dnp_r128fslwk", "dnp_r128fslwko"])
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the

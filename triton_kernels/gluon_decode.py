@@ -102,6 +102,10 @@ class GluonVariant:
         packed: the key and value (scale, offset) are paired into f16x2 words as soon as they are
             loaded (True) instead of in the tile's math: a prefetched tile then holds half the
             registers for its params (sessions 9-19 measured the unpacked form).
+        open_first: the open-page program of each (request, KV head) (the new token's write with
+            ``fused``, the open page's last tile) is the first along the grid's split axis instead
+            of the last, so it is launched in the first wave rather than in a last partial one
+            where its latency is the step's tail (only the launch order changes).
         staging_block: tokens per open-page (BF16 staging) tile of this variant (None: the tuning's
             ``block_t``, 32 at head_dim 128). The open-page loop, not the sealed-tile loop, sets the
             kernel's register count at 32 (230 at INT2; 16: 168 with ``packed``), and registers
@@ -176,6 +180,7 @@ class GluonVariant:
     lean_dequant: bool = False
     tma: int = 0
     tma_tiles: int = 1
+    open_first: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -187,7 +192,7 @@ class GluonVariant:
         return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch,
                 "PACKED": 2 if self.pair_words else self.packed,
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
-                "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles}
+                "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -286,6 +291,12 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
                      keys="mma_magic"),
         GluonVariant("dnp_r128fslwnk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True, keys="mma"),
+        # session 26: the open-page programs (the new token's write, the open page's last tile) launched
+        # first along the splits instead of last: in the last partial wave their write's latency was the
+        # step's tail (H100: the write 5.3-5.9 us of the step at (64, 4096) / (32, 8192) with
+        # dnp_r128fslwk, 2.1-3.5 us with dnp_r128fs)
+        GluonVariant("dnp_r128fslwko", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma", open_first=True),
         # ... and the sealed tiles streamed by the TMA into a ring of 3 slots (no register or address
         # arithmetic per tile in flight)
         GluonVariant("dnp_r128fslwt3", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
@@ -1356,12 +1367,15 @@ if gl is not None:
         MERGE: gl.constexpr = False, BLOCK_G: gl.constexpr = 4, CHUNK: gl.constexpr = 4, LM: gl.constexpr = None,
         WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
-        TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False,
+        TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
-        i_s = gl.program_id(2)
         n_split = gl.num_programs(2) - 1
+        if OPEN_FIRST:  # grid index 0 along the splits is the open-page program (launched first)
+            i_s = n_split - gl.program_id(2)
+        else:
+            i_s = gl.program_id(2)
         TPP: gl.constexpr = P // BLOCK_N
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         s_col = i_h if S > 1 else 0  # the token-scale column: per head, or one for the layer
