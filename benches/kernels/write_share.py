@@ -1,0 +1,56 @@
+"""The new token's write inside the default decode step, per Gluon default variant, side by side.
+
+For each shape and variant (set as ``decode.GLUON_DEFAULT_VARIANT`` for the launcher), the default
+decode launch as the backend runs it (``bench_decode.bench_oscar``: the write, the query rotation
+and the merge fused) against the same launch without the write; the difference is the write's
+marginal cost. Each variant is timed ``--repeats`` times, interleaved, so run-to-run drift shows.
+Needs a CUDA GPU and SGLang importable (as ``bench_decode.py``). From the repo root:
+
+    python3 benches/kernels/write_share.py --variants dnp_r128fs,dnp_r128fslwk --shapes 64x4096,32x8192,8x32768
+
+Prints one ``RESULT`` line per (shape, variant, repeat); ``--out FILE`` also writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="dnp_r128fs,dnp_r128fslwk", help="comma-separated keys of GLUON_VARIANTS")
+    ap.add_argument("--shapes", default="64x4096,32x8192,8x32768", help="BxCTX,... (requests x tokens)")
+    ap.add_argument("--bits", default="2", help="comma-separated bit widths")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    bench = runpy.run_path(str(Path(__file__).with_name("bench_decode.py")))  # its helpers, not its main
+    from oscar_sgl.kernels import decode, gluon_decode
+
+    variants = args.variants.split(",")
+    for v in variants:
+        gluon_decode.gluon_variant(v)  # unknown names fail here, before any timing
+    rows = []
+    for bits in (int(b) for b in args.bits.split(",")):
+        for shape in args.shapes.split(","):
+            b, ctx = (int(x) for x in shape.split("x"))
+            for _ in range(args.repeats):
+                for v in variants:
+                    decode.GLUON_DEFAULT_VARIANT = v
+                    r = bench["bench_oscar"](bits, b, ctx, [bench["VARIANTS"][0]], 24e9, extras=True)
+                    us, nowrite = r["best"]["us"], r["nowrite_us"]
+                    rows.append({"bits": bits, "batch": b, "ctx": ctx, "variant": v, "step_us": us,
+                                 "nowrite_us": nowrite, "write_us": us - nowrite, "unfused_us": r["unfused_us"]})
+                    print(f"RESULT INT{bits} ({b},{ctx}) {v}: step {us:.1f} us, without write {nowrite:.1f} us, "
+                          f"write {us - nowrite:.2f} us ({(us - nowrite) / us * 100:.1f} %), unfused {r['unfused_us']:.1f}",
+                          flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
