@@ -163,6 +163,18 @@ class GluonVariant:
         tma_tiles: tiles per TMA transfer (1 or 2; with ``tma``): 2 issues the four copies, the page
             index load and the mbarrier wait once per two tiles of a page (a slot then holds both:
             twice the shared memory per slot), for half the issue overhead per tile.
+        two_tiles: two tiles per loop step (``_attend2``; the register path without prefetch): both
+            tiles' loads, key MMAs and logits before one softmax update, then both value MMAs, so the
+            one warp has two independent dependency chains in flight (session 26: the magic keys'
+            longer chain cost time at ~1 eligible warp per scheduler) and pays the cross-lane maximum
+            once per two tiles.
+        open_share: the open-page program (the new token's write, the open page's last tile) also takes
+            an equal share of the sealed tiles: the sealed range is split over ``splits + 1``
+            programs instead of ``splits``, so no program of the launch is a short one left for a
+            partial last wave (measured on an H100, session 27: at 256 pairs the 2048 sealed programs
+            filled one wave of 2112 slots and the 256 open-page ones, launched last, a second).
+            Pays with a split count that fits the ``splits + 1`` programs per pair into the resident
+            slots (timed with ``bench_decode.py --gluon-waves``; the launcher has no such rule: opt-in).
     """
 
     name: str
@@ -181,6 +193,8 @@ class GluonVariant:
     tma: int = 0
     tma_tiles: int = 1
     open_first: bool = False
+    two_tiles: bool = False
+    open_share: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -192,7 +206,8 @@ class GluonVariant:
         return {"STAGES": self.stages, "KEYS": self.key_mode, "PREFETCH": self.prefetch,
                 "PACKED": 2 if self.pair_words else self.packed,
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
-                "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first}
+                "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first,
+                "TWO": self.two_tiles, "OPEN_SHARE": self.open_share}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -230,6 +245,9 @@ class GluonVariant:
         if self.tma_tiles not in (1, 2) or (self.tma_tiles > 1 and not self.tma):
             raise ValueError(f"GluonVariant.tma_tiles (tiles per TMA transfer) must be 1, or 2 with a TMA ring, got "
                              f"{self.tma_tiles}")
+        if self.two_tiles and (self.stages or self.prefetch or self.tma):
+            raise ValueError("GluonVariant.two_tiles pairs the tiles of the register path that loads each tile "
+                             "right before its math (stages 0, prefetch=False, no TMA ring)")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -291,6 +309,24 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
                      keys="mma_magic"),
         GluonVariant("dnp_r128fslwnk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True, keys="mma"),
+        # session 27: two tiles per loop step, their chains interleaved (``_attend2``); at the 128-register
+        # cap and at 168 (12 programs per SM instead of 16)
+        GluonVariant("dnp_r128fslwk2", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma", two_tiles=True),
+        GluonVariant("dnp_r168fslwk2", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=168,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma", two_tiles=True),
+        GluonVariant("dnp_r128fslwnk2", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma", two_tiles=True),
+        # the open-page program takes a share of the sealed tiles (no short programs in a last wave)
+        GluonVariant("dnp_r128fslwkx", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma", open_share=True),
+        # ... and the default variant under lower register caps (more resident programs per SM: 17 at 120,
+        # 18 at 112), the other lever the two-tile timings point to
+        GluonVariant("dnp_r120fslwk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=120,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma"),
+        GluonVariant("dnp_r112fslwk", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=112,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, keys="mma"),
         # session 26: the open-page programs (the new token's write, the open page's last tile) launched
         # first along the splits instead of last: in the last partial wave their write's latency was the
         # step's tail (H100: the write 5.3-5.9 us of the step at (64, 4096) / (32, 8192) with
@@ -933,25 +969,16 @@ if gl is not None:
         return kw, ks0, ks1, ko0, ko1, vw0, vw1
 
     @gluon.jit
-    def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
-                D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
-                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
-                LEAN: gl.constexpr = False, LQP: gl.constexpr = None, KG2: gl.constexpr = False):
-        """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
-        dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
-        tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
-        running maximum moves only when the tile outgrows it by more than ``LAZY_TAU``
-        (``GluonVariant.lazy_rescale``) and ``l_i`` is the running sum's per-lane partials ``[8, BLOCK_H]``
-        (``_row_partials``), reduced across the lanes once after the loop instead of every tile. KEYS 3 (``keys="mma"``): ``_folded_keys``.
-        KG2 (dequantized keys, ``PACKED``): the tile holds two key groups, ``ks0`` / ``ko0`` the first
-        half's params and ``ks1`` / ``ko1`` the second's (a select per param register: the row bit
-        that tells the halves apart is a register bit of the MMA layout)."""
+    def _tile_logits(b_q, kw, ks0, ks1, ko0, ko1, st, sm_scale_log2, D: gl.constexpr, BITS: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, LK: gl.constexpr, MMA: gl.constexpr,
+                     KEYS: gl.constexpr = 0, PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False,
+                     LEAN: gl.constexpr = False, LQP: gl.constexpr = None, KG2: gl.constexpr = False):
+        """A sealed tile's logits ``[BLOCK_N, BLOCK_H]`` in log2 units (``_attend``'s keys half): the
+        keys dequantized (or their codes with the params folded, ``KEYS``) into ``mma_v2``'s A operand,
+        times the token scales and ``sm_scale_log2``; WINDOW: tokens below ``lo`` masked to -inf."""
         HALF: gl.constexpr = 16 // BITS
         W: gl.constexpr = D * BITS // 32
         WPL: gl.constexpr = W // 4
-        WPLV: gl.constexpr = W // 8
-        NP: gl.constexpr = BLOCK_N // 2
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
 
@@ -1006,24 +1033,15 @@ if gl is not None:
         if WINDOW:
             o_tok = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
             b_s = gl.where((o_tok >= lo)[:, None], b_s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, axis=0))
-        if LAZY:
-            # one warp-uniform decision for all heads: rescale (exactly as below) only when some
-            # head's maximum grew by more than LAZY_TAU (always on the first tile: m_i = -inf)
-            grow = gl.max((m_new > m_i + _LAZY_TAU).to(gl.int32), axis=0)
-            if grow > 0:
-                alpha = gl.exp2(m_i - m_new)
-                acc = acc * alpha[None, :]
-                l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(0, l_i.type.layout))[None, :]
-                m_i = m_new
-            m_new = m_i
-            b_p = gl.exp2(b_s - m_new[None, :])
-            l_i = l_i + _fold_rows(b_p, BLOCK_N)  # per-lane partials (_row_partials): reduced after the loop
-        else:
-            alpha = gl.exp2(m_i - m_new)
-            b_p = gl.exp2(b_s - m_new[None, :])
-            l_i = l_i * alpha + gl.sum(b_p, axis=0)
+        return b_s
 
+    @gluon.jit
+    def _tile_values(vw0, vw1, vs0, vs1, vo0, vo1, D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                     LV: gl.constexpr, MMA: gl.constexpr, PACKED: gl.constexpr = False, LEAN: gl.constexpr = False):
+        """A sealed tile's values dequantized into ``mma_v2``'s A operand V^T ``[D, BLOCK_N]``
+        (``_attend``'s values half)."""
+        HALF: gl.constexpr = 16 // BITS
+        A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         # ---- values: pair domain [WPLV, 2, HALF, 8, NP] -> A operand V^T [D, BLOCK_N]
         v_lo, v_hi = _pair_words(vw0, vw1)
         v_lo = gl.expand_dims(gl.expand_dims(v_lo, 1), 2)  # [WPLV, 1, 1, 8, NP]
@@ -1052,12 +1070,92 @@ if gl is not None:
             v_e, v_o = _dequant_pairs(x5, v_i5, vs_pk, vo_pk, BITS)
         b_vt = gl.reshape(gl.join(v_e, v_o), [D, BLOCK_N])
         b_vt = gl.convert_layout(b_vt, A_OP, assert_trivial=True)
+        return b_vt
 
-        b_pt = gl.convert_layout(b_p.to(gl.float16), B_OP)
+    @gluon.jit
+    def _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i, acc, sm_scale_log2,
+                D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
+                LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = 0,
+                PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False,
+                LEAN: gl.constexpr = False, LQP: gl.constexpr = None, KG2: gl.constexpr = False):
+        """One online-softmax step over a sealed tile (``_tile_raw``'s bytes): keys and values
+        dequantized in the pair-domain layouts, handed to ``mma_v2`` as its A operands. WINDOW: the
+        tile's tokens (``tok0`` ...) below ``lo`` are masked (a sliding-window layer). LAZY: the
+        running maximum moves only when the tile outgrows it by more than ``LAZY_TAU``
+        (``GluonVariant.lazy_rescale``) and ``l_i`` is the running sum's per-lane partials ``[8, BLOCK_H]``
+        (``_row_partials``), reduced across the lanes once after the loop instead of every tile. KEYS 3 (``keys="mma"``): ``_folded_keys``.
+        KG2 (dequantized keys, ``PACKED``): the tile holds two key groups, ``ks0`` / ``ko0`` the first
+        half's params and ``ks1`` / ``ko1`` the second's (a select per param register: the row bit
+        that tells the halves apart is a register bit of the MMA layout)."""
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        b_s = _tile_logits(b_q, kw, ks0, ks1, ko0, ko1, st, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, MMA, KEYS,
+                           PACKED, tok0, lo, WINDOW, LEAN, LQP, KG2)
+        m_new, l_i, acc = _running_max(m_i, l_i, acc, gl.max(b_s, axis=0), LAZY)
+        b_p = gl.exp2(b_s - m_new[None, :])
+        l_i = l_i + _tile_sum(b_p, BLOCK_N, LAZY)
+        b_vt = _tile_values(vw0, vw1, vs0, vs1, vo0, vo1, D, BITS, BLOCK_N, LV, MMA, PACKED, LEAN)
+        acc = mma_v2(b_vt, gl.convert_layout(b_p.to(gl.float16), B_OP), acc)
+        return m_new, l_i, acc
+
+    @gluon.jit
+    def _running_max(m_i, l_i, acc, m_tile, LAZY: gl.constexpr):
+        """The online softmax's running maximum after a tile whose logits peak at ``m_tile`` per head:
+        (the maximum its probabilities are taken against, ``l_i`` and ``acc`` rescaled to it). LAZY
+        (``GluonVariant.lazy_rescale``): one warp-uniform decision for all heads, rescale only when
+        some head's maximum grew by more than LAZY_TAU (always on the first tile: m_i = -inf)."""
+        m_new = gl.maximum(m_i, m_tile)
         if LAZY:
-            acc = mma_v2(b_vt, b_pt, acc)
+            grow = gl.max((m_new > m_i + _LAZY_TAU).to(gl.int32), axis=0)
+            if grow > 0:
+                alpha = gl.exp2(m_i - m_new)
+                acc = acc * alpha[None, :]
+                l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(0, l_i.type.layout))[None, :]
+                m_i = m_new
+            m_new = m_i
         else:
-            acc = mma_v2(b_vt, b_pt, acc * alpha[None, :])
+            alpha = gl.exp2(m_i - m_new)
+            acc = acc * alpha[None, :]
+            l_i = l_i * alpha
+        return m_new, l_i, acc
+
+    @gluon.jit
+    def _tile_sum(b_p, BLOCK_N: gl.constexpr, LAZY: gl.constexpr):
+        """A tile's probabilities summed per head: LAZY, the per-lane partials (``_row_partials``,
+        reduced after the loop); else across the lanes."""
+        if LAZY:
+            return _fold_rows(b_p, BLOCK_N)
+        else:
+            return gl.sum(b_p, axis=0)
+
+    @gluon.jit
+    def _attend2(b_q, raw_a, raw_b, has_b, m_i, l_i, acc, sm_scale_log2, D: gl.constexpr, BITS: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr,
+                 KEYS: gl.constexpr = 0, PACKED: gl.constexpr = False, tok0=0, lo=0, WINDOW: gl.constexpr = False,
+                 LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
+                 KG2: gl.constexpr = False):
+        """``_attend`` over two sealed tiles at once (``GluonVariant.two_tiles``): tokens ``tok0 ..``
+        (``raw_a``, ``_tile_raw``'s bytes) and the next ``BLOCK_N`` (``raw_b``; ``has_b`` False: past the
+        split's range, its logits masked to -inf). Both tiles' key MMAs come before one online-softmax
+        update over their 2 BLOCK_N logits, then both value MMAs: two independent dependency chains for
+        the scheduler to interleave in the one warp, one cross-lane maximum (and LAZY decision) per
+        two tiles instead of per tile. The same sums as two ``_attend`` steps up to where the running
+        maximum moves (the exact softmax either way)."""
+        B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        kw_a, ks0_a, ks1_a, ko0_a, ko1_a, st_a, vw0_a, vw1_a, vs0_a, vs1_a, vo0_a, vo1_a = raw_a
+        kw_b, ks0_b, ks1_b, ko0_b, ko1_b, st_b, vw0_b, vw1_b, vs0_b, vs1_b, vo0_b, vo1_b = raw_b
+        s_a = _tile_logits(b_q, kw_a, ks0_a, ks1_a, ko0_a, ko1_a, st_a, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK,
+                           MMA, KEYS, PACKED, tok0, lo, WINDOW, LEAN, LQP, KG2)
+        s_b = _tile_logits(b_q, kw_b, ks0_b, ks1_b, ko0_b, ko1_b, st_b, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK,
+                           MMA, KEYS, PACKED, tok0 + BLOCK_N, lo, WINDOW, LEAN, LQP, KG2)
+        s_b = gl.where(has_b, s_b, float("-inf"))
+        m_new, l_i, acc = _running_max(m_i, l_i, acc, gl.max(gl.maximum(s_a, s_b), axis=0), LAZY)
+        p_a = gl.exp2(s_a - m_new[None, :])
+        p_b = gl.exp2(s_b - m_new[None, :])
+        l_i = l_i + _tile_sum(p_a + p_b, BLOCK_N, LAZY)
+        v_a = _tile_values(vw0_a, vw1_a, vs0_a, vs1_a, vo0_a, vo1_a, D, BITS, BLOCK_N, LV, MMA, PACKED, LEAN)
+        acc = mma_v2(v_a, gl.convert_layout(p_a.to(gl.float16), B_OP), acc)
+        v_b = _tile_values(vw0_b, vw1_b, vs0_b, vs1_b, vo0_b, vo1_b, D, BITS, BLOCK_N, LV, MMA, PACKED, LEAN)
+        acc = mma_v2(v_b, gl.convert_layout(p_b.to(gl.float16), B_OP), acc)
         return m_new, l_i, acc
 
     @gluon.jit
@@ -1368,6 +1466,7 @@ if gl is not None:
         WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
+        TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1420,14 +1519,15 @@ if gl is not None:
         lo = 0
         if WINDOW:
             lo = gl.maximum(seq_len - 1 - window_left, 0)
+        n_parts = n_split + 1 if OPEN_SHARE else n_split  # programs sharing the sealed tiles
         if i_s < n_split:
             n_tiles = (n_pages - 1) * TPP
             if WINDOW:
                 t_first = lo // BLOCK_N
-                per = (gl.maximum(n_tiles - t_first, 0) + n_split - 1) // n_split
+                per = (gl.maximum(n_tiles - t_first, 0) + n_parts - 1) // n_parts
                 t_lo = t_first + i_s * per
             else:
-                per = (n_tiles + n_split - 1) // n_split
+                per = (n_tiles + n_parts - 1) // n_parts
                 t_lo = i_s * per
             t_hi = gl.minimum(t_lo + per, n_tiles)
             if SPREAD:
@@ -1460,6 +1560,21 @@ if gl is not None:
                 if WINDOW:
                     t_lo = gl.maximum(t_lo, lo // BLOCK_N)
                 t_hi = n_pages * TPP
+            if OPEN_SHARE:
+                # ... and the last share of the sealed tiles (GluonVariant.open_share): from the end of
+                # split n_split - 1's range to the last sealed tile (the request's last page with it
+                # when that page is sealed: no open page)
+                n_tiles = (n_pages - 1) * TPP
+                if WINDOW:
+                    t_first = lo // BLOCK_N
+                    per = (gl.maximum(n_tiles - t_first, 0) + n_parts - 1) // n_parts
+                    t_lo = gl.minimum(t_first + n_split * per, gl.maximum(n_tiles, t_first))
+                else:
+                    per = (n_tiles + n_parts - 1) // n_parts
+                    t_lo = gl.minimum(n_split * per, n_tiles)
+                t_hi = n_tiles
+                if stg < 0:
+                    t_hi = n_pages * TPP
 
         # sealed tiles [t_lo, t_hi): the loads of tile it + 1 are issued before tile it's math
         c_q = _key_channel(o_p, D, BITS)
@@ -1517,6 +1632,22 @@ if gl is not None:
                     st = st_n
                 if LAZY:
                     l_i = _row_total(l_i, MMA)
+        elif STAGES == 0 and not PREFETCH and TWO:  # two tiles per step (_attend2), loaded right before it
+            if LAZY:
+                l_i = _row_partials(l_i, BLOCK_N, MMA)
+            for it in range(t_lo, t_hi, 2):
+                it_b = gl.minimum(it + 1, t_hi - 1)  # an odd range's last step re-loads its tile, masked
+                page = gl.load(pg_idx + it // TPP).to(gl.int64)
+                page_b = gl.load(pg_idx + it_b // TPP).to(gl.int64)
+                raw_a = _tile_raw(page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
+                                  H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)
+                raw_b = _tile_raw(page_b, (it_b % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
+                                  scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)
+                m_i, l_i, acc = _attend2(b_q, raw_a, raw_b, it + 1 < t_hi, m_i, l_i, acc, sm_scale_log2, D, BITS,
+                                         BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED, it * BLOCK_N, lo, WINDOW, LAZY,
+                                         LEAN, LQP, BLOCK_N > G_K)
+            if LAZY:
+                l_i = _row_total(l_i, MMA)
         elif STAGES == 0 and not PREFETCH:  # each tile loaded right before its math (more programs per SM instead)
             if LAZY:
                 l_i = _row_partials(l_i, BLOCK_N, MMA)

@@ -5,7 +5,7 @@
 
 Each configuration (``bn:nw:ns:waves[:maxnreg[:transposed]]`` as in ``bench_decode.py --variants``;
 block_n 0 = the launcher's default; ``gluon`` or ``gluon:VARIANT``: the opt-in Gluon stage 1 at the
-default split count, ``VARIANT`` a key of ``gluon_decode.GLUON_VARIANTS``, default ``regs1``) is launched twice (compile + warm-up, then the profiled launch),
+default split count, ``VARIANT`` a key of ``gluon_decode.GLUON_VARIANTS``, default ``regs1``) is launched twice (compile + warm-up, then the profiled launch; ``--mode fused``: the whole step with the write),
 on the same random pool as the benchmark. ``run_gpu_profile.sh`` runs it under ncu for several
 configurations and keeps each report as text.
 """
@@ -32,12 +32,23 @@ def main() -> None:
     ap.add_argument("--shape", default="8x32768")
     ap.add_argument("--bits", type=int, default=2)
     ap.add_argument("--config", default="0:0:3:0")
+    ap.add_argument("--mode", choices=("nowrite", "fused"), default="nowrite",
+                    help="the launch without the new token's write (stage 1 on rotated queries, default) or the whole "
+                         "decode step as the backend runs it (the write, query rotation and merge fused)")
+    ap.add_argument("--waves", type=float, default=None,
+                    help="with a gluon config: the split count of pick_num_splits(waves=W) instead of the launcher's "
+                         "(as bench_decode.py's <variant>@w<W> columns)")
     args = ap.parse_args()
     batch, ctx = (int(x) for x in args.shape.split("x"))
     tune = _dec._default_tuning(batch, H, D, P)
     if args.config.startswith("gluon"):
         variant = args.config.partition(":")[2] or "regs1"
-        tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant)
+        # the launcher's split rule for the Gluon default (waves of its resident programs from 512 pairs)
+        lt = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, k_group=32, v_group=32,
+                                 key_page=False, device=torch.device(DEV))
+        tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant, waves=lt.waves, resident=lt.resident)
+        if args.waves is not None:
+            tune = dataclasses.replace(tune, waves=args.waves)
         bn = 0
     else:
         bn, nw, ns, waves, mr, tr = parse_variant(args.config)
@@ -47,11 +58,11 @@ def main() -> None:
     splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident)
     st = OscarSetup(args.bits, batch, ctx, 1)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
-    run = st.call(0, tuning=tune, ws=ws, mode="nowrite")
+    run = st.call(0, tuning=tune, ws=ws, mode=args.mode)
     for _ in range(2):
         run()
     torch.cuda.synchronize()
-    print(f"profiled: INT{args.bits} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
+    print(f"profiled ({args.mode}): INT{args.bits} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
           f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} gluon={tune.gluon} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
 
 
