@@ -165,16 +165,6 @@ _needs_interpreter = pytest.mark.skipif(
            "conftest without a GPU); on a GPU the compiled-kernel tests of this file cover the Gluon stage 1")
 
 
-#: Fused variants whose whole-step CPU run (~15 s a case) would repeat others': the ring's slot
-#: count alone (t2 = t3) and the union of two checked forms (lean at INT2, folded keys at INT4).
-#: Their own source runs in test_gluon_source_runs_right_on_the_cpu, their steps on a GPU.
-_STEP_COVERED_BY = {"dnp_r128fslwt2": "dnp_r128fslwt3", "dnp_r128fslwnk": "dnp_r128fslwn, dnp_r128fslwk",
-                    "dnp_r128fslwm": "dnp_r128fslwk (its steps differ in _folded_keys only)",
-                    "dnp_r128fslwnm": "dnp_r128fslwn, dnp_r128fslwk",
-                    "dnp_r128fslwko": "dnp_r128fslwk (the launch order alone differs)",
-                    "dnp_r128fslwt2x2": "dnp_r128fslwnkt2x2"}
-
-
 def _numpy_check_module():
     import importlib.util
     from pathlib import Path
@@ -225,9 +215,10 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
-@pytest.mark.parametrize("variant", ["dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2"])
-@pytest.mark.parametrize("fmt,block_n", [({"v_group": 16}, 32), ({"v_group": 64}, 16), ({"v_group": 128}, 32),
-                                         ({"k_group": 64}, 32), ({"k_group": 16}, 16)])
+@pytest.mark.parametrize("variant,fmt,block_n", [  # each ring form on several formats, each format on one form
+    ("dnp_r128fslwt3", {"v_group": 16}, 32), ("dnp_r128fslwnkt3", {"v_group": 64}, 16),
+    ("dnp_r128fslwt2x2", {"v_group": 128}, 32), ("dnp_r128fslwnkt3", {"k_group": 64}, 32),
+    ("dnp_r128fslwt2x2", {"k_group": 16}, 16), ("dnp_r128fslwt3", {"v_group": 64}, 16)])
 def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, block_n):
     """The TMA ring's views over other value and key group sizes than the paper format's (the value
     params' slot view and its broadcast from D/G_V groups to the 8 lane rows, a key group spanning
@@ -377,22 +368,39 @@ def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_e
     _check_g16_format_on_cuda(variant, bits, _PAGE_FORMAT if fmt == "page" else {"k_group": 16}, 32, seed=bits * 17)
 
 
-#: The fused step's cases: every step variant takes the first two (INT2 layer norm, INT4 head norm
-#: with the merge in the launch); the per-head key-rotation plan and 16 KV heads (the write's code,
-#: shared by every fused variant) run for one variant per streaming family (the default variant, the
-#: first fused one, a TMA ring), which keeps this test at ~30 cases of ~10 s in CI.
-_STEP_CASES = [(2, "layer", None, False, 8), (4, "head", None, True, 8)]
-_STEP_PLAN_CASES = [(2, "layer", (True, False) * 4, True, 8), (2, "layer", (True, False) * 8, False, 16)]
-_STEP_ALL_CASES = (kdecode.GLUON_DEFAULT_VARIANT, "d16f", "dnp_r128fslwnkt3")
+#: The fused step's cases (INT2 layer norm; INT4 head norm with the merge in the launch; a per-head
+#: key-rotation plan; 16 KV heads: the layer norm's rotation of every head's key in two chunks).
+_STEP_CASES = [(2, "layer", None, False, 8), (4, "head", None, True, 8),
+               (2, "layer", (True, False) * 4, True, 8), (2, "layer", (True, False) * 8, False, 16)]
+
+
+def _step_cases() -> list[tuple]:
+    """(variant, *case) of the whole-step CPU test. What a fused variant adds to the step around its
+    sealed-tile loop (the query rotation, the new token's write into the open page, the open page's
+    tiles, the partials' inverse rotation, the merge) depends on its open-page handling only: the
+    open-page tile size and form, the open page spread over the splits or not, which program writes,
+    whether the open-page program shares the sealed tiles, a TMA ring. The default variant runs every
+    case; one variant per other open-page form runs one case (alternating, so each case runs on
+    several forms). The sealed-tile loops of all variants run in test_gluon_source_runs_right_on_the_cpu
+    (~3 s each; a step case is ~12 s) and every fused variant's step on a GPU."""
+    cases = [(kdecode.GLUON_DEFAULT_VARIANT, *c) for c in _STEP_CASES]
+    seen = {_open_page_form(kdecode.GLUON_DEFAULT_VARIANT)}
+    for name, var in gluon_decode.GLUON_VARIANTS.items():
+        if var.fused and _open_page_form(name) not in seen:
+            seen.add(_open_page_form(name))
+            cases.append((name, *_STEP_CASES[len(seen) % 2]))
+    return cases
+
+
+def _open_page_form(name: str) -> tuple:
+    v = gluon_decode.GLUON_VARIANTS[name]
+    return v.staging_block, v.direct_staging, v.spread_open, v.open_first, v.open_share, bool(v.tma)
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
-@pytest.mark.parametrize("variant,bits,scope,flags,merge,heads",
-                         [(v, *c) for v in _source_paths() if gluon_decode.GLUON_VARIANTS[v].fused
-                          and v not in _STEP_COVERED_BY
-                          for c in _STEP_CASES + (_STEP_PLAN_CASES if v in _STEP_ALL_CASES else [])])
+@pytest.mark.parametrize("variant,bits,scope,flags,merge,heads", _step_cases())
 def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, merge, heads):
     """A whole step of a ``fused`` variant (the query rotation, the new token's write and the
     partials' inverse rotation inside the Gluon launch, then the plain merge), its source executed
@@ -523,7 +531,8 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "d16fs", "dnp_r128fs", "regs1s", "dnp_r128fsl",
                                      "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn", "dnp_r128fslwk",
                                      "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2",
-                                     "dnp_r128fslwnkt2x2", "dnp_r128fslwm", "dnp_r128fslwnm", "dnp_r128fslwko"])
+                                     "dnp_r128fslwnkt2x2", "dnp_r128fslwm", "dnp_r128fslwnm", "dnp_r128fslwko",
+                                     "dnp_r128fslwk2", "dnp_r128fslwnk2", "dnp_r128fslwkx"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -547,7 +556,8 @@ def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, s
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant", ["regs1", "d16f", "dnp_r128f", "dnp_r128fs", "regs1s", "dnp_r128fsl",
-                                     "dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwt3", "dnp_r128fslwt2x2"])
+                                     "dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwt3", "dnp_r128fslwt2x2",
+                                     "dnp_r128fslwk2", "dnp_r128fslwkx"])
 def test_gluon_sliding_window(variant, bits, nan_empty):
     """A sliding-window layer on the Gluon stage 1 (``window_left``): windows inside the open page,
     across sealed pages, on a tile boundary and past the start, a request whose last page is
@@ -572,7 +582,8 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 @needs_gluon
 @pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl", "dnp_r128fslw",
                                      "dnp_r128fslwn", "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3",
-                                     "dnp_r128fslwnkt2x2", "dnp_r128fslwk", "dnp_r128fslwko"])
+                                     "dnp_r128fslwnkt2x2", "dnp_r128fslwk", "dnp_r128fslwko", "dnp_r128fslwk2",
+                                     "dnp_r128fslwkx"])
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the
@@ -607,14 +618,17 @@ def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
 @gpu
 @needs_cuda
 def test_the_default_decode_runs_the_fused_triton_step(nan_empty):
-    """Without ``_tuning`` a 4-request launch at head_dim 128 runs the fused Triton step: its output
-    is bit-identical to the explicit Triton tuning's (and, where Gluon runs, not to the Gluon one's)."""
+    """Without ``_tuning`` a launch of 16 (request, KV head) pairs (4 requests at 4 KV heads, under
+    ``GLUON_DEFAULT_PAIRS``' 32; from 32 the Gluon step is the default) at head_dim 128 runs the fused
+    Triton step: its output is bit-identical to the explicit Triton tuning's (and, where Gluon runs,
+    not to the Gluon one's)."""
     cfg = OscarConfig(bits=2, page_size=128)
-    _, out_default = _step_with_write(cfg, gluon=None)
-    _, out_triton = _step_with_write(cfg, gluon=False)
+    assert 4 * 4 < kdecode.GLUON_DEFAULT_PAIRS[0]
+    _, out_default = _step_with_write(cfg, gluon=None, h=4)
+    _, out_triton = _step_with_write(cfg, gluon=False, h=4)
     assert torch.equal(out_default, out_triton)
     if _GLUON_REASON is None:
-        _, out_gluon = _step_with_write(cfg, gluon=True)
+        _, out_gluon = _step_with_write(cfg, gluon=True, h=4)
         assert not torch.equal(out_default, out_gluon)
 
 

@@ -52,7 +52,8 @@ def pairs(a: np.ndarray) -> list[tuple[int, int]]:
 
 def test_stub_matches_the_extension() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "oscar_sgl._core"],
+        [sys.executable, "-m", "mypy.stubtest", "--mypy-config-file", str(ROOT / "tests" / "stubtest_mypy.ini"),
+         "oscar_sgl._core"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -11,8 +11,8 @@ that the backend attended to every position on those layers, a silently wrong mo
 the affairs of the family".
 
 Measured against `OscarCache` on the transformers model (which masks the windows itself), teacher-
-forced along the server's tokens, in |delta log-prob| per token (nats): three prompts of 800-870
-tokens from the embedded Emma text (with the BOS the tokenizer adds) and the first again with 40
+forced along the server's tokens, in |delta log-prob| per token (nats; session 25, the test then had a
+third prompt): three prompts of 800-870 tokens from the embedded Emma text (with the BOS the tokenizer adds) and the first again with 40
 more tokens (a radix-cache hit): positions past the window 0.075-0.15, mean NLL within 0.007 (0.05
 on the 40-token tail), the 16 decode steps 0.05-0.15; the first 128 positions 0.0003 (the later
 growth is the cascade of INT2 codes that fp32 rounding differences flip, benches/results/
@@ -39,11 +39,11 @@ PAGE = 32
 
 
 def _prompts(tok) -> list[list[int]]:
-    """Three prompts of 700+ tokens from three parts of the embedded Emma text (each starts with the
+    """Two prompts of 700+ tokens from two parts of the embedded Emma text (each starts with the
     tokenizer's BOS), and the first again with 40 more tokens (a prefix-cache hit over sealed pages
-    of every layer)."""
+    of every layer). (Until session 27 a third part too, at 26000: the same checks, ~40 s more of CI.)"""
     text = (resources.files("oscar_sgl") / "data" / "emma_opening.txt").read_text(encoding="utf-8")
-    out = [tok(text[a:a + 3500]).input_ids for a in (2000, 14000, 26000)]  # add_special_tokens: the BOS
+    out = [tok(text[a:a + 3500]).input_ids for a in (2000, 14000)]  # add_special_tokens: the BOS
     assert all(len(p) > 600 for p in out), [len(p) for p in out]
     out.append(out[0] + tok(text[5500:6000], add_special_tokens=False).input_ids[:40])
     return out
@@ -102,7 +102,7 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does(sl
     folder = str(models.model_folder(models.GEMMA_MODEL))
     model, tok = models.load(folder)
     prompts = _prompts(tok)
-    starts = [0, 0, 0, len(prompts[0])]  # the fourth: log-probs of its 40 new tokens only
+    starts = [0, 0, len(prompts[0])]  # the last: log-probs of its 40 new tokens only
     served = []
     with launch(folder, "--kv-cache", "oscar", "--oscar-bits", "2", "--oscar-page-size", str(PAGE),
                 "--oscar-key-ranges", "group", "--oscar-k-group", "32", "--oscar-v-group", "32", "--oscar-offset", "integer",
@@ -113,8 +113,8 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does(sl
             served.append(_generate(server, ids, start))
         oscar = server.get("/server_info")["internal_states"][0]["oscar"]
         assert "oscar_sgl/" not in server.log(), server.log()[-3000:]
-    # The fourth prompt extends the first: its sealed pages came from the radix cache.
-    assert served[3][3] >= len(prompts[0]) // PAGE * PAGE - PAGE, [s[3] for s in served]
+    # The last prompt extends the first: its sealed pages came from the radix cache.
+    assert served[-1][3] >= len(prompts[0]) // PAGE * PAGE - PAGE, [s[3] for s in served]
     window = model.config.sliding_window
     types = model.config.layer_types
     assert oscar["sliding_window_layers"] == {str(i): window - 1 for i, t in enumerate(types) if t == "sliding_attention"}
@@ -144,7 +144,7 @@ def test_gemma3_server_attends_within_each_sliding_window_as_oscar_cache_does(sl
                            nll=round(nll, 4), decode=round(float(d_out.mean()), 4)))
         if sliding == "bf16":  # only the 3 full-attention layers are quantized: the paths agree closely
             # (the decoded tokens within the prompt positions' 0.05: a clean CI run of session 25 measured
-            # 0.036 on one of 16 decoded tokens, 0.02 elsewhere; the server's batching of the four requests
+            # 0.036 on one of 16 decoded tokens, 0.02 elsewhere; the server's batching of the requests
             # depends on their arrival)
             assert abs(nll) < 0.005 and float(d.max()) < 0.05 and float(d_out.max()) < 0.05, report
         assert abs(nll) < (0.05 if len(got) > 200 else 0.15), report
