@@ -508,3 +508,20 @@ def test_balanced_split_count_fills_whole_waves():
     # Without a GPU it counts 8 "SMs" (the interpreter runs programs one after the other).
     if not torch.cuda.is_available():
         assert pick_num_splits(64, 8, waves=None) == 1
+
+
+def test_fitting_split_count_runs_one_wave():
+    """``pick_num_splits(fit=True)``: the most splits whose ``splits + 1`` programs per pair (the
+    open-page program of ``GluonVariant.open_share`` takes a sealed share too) fit one wave of the
+    SMs' resident programs; the counts session 27 timed on an H100 (132 SMs, 16 Gluon programs per
+    SM): 65, 32, 21, 15, 7, 3 splits at 32-512 pairs. At least 1, at most ``max_splits``."""
+    from oscar_sgl.kernels import pick_num_splits
+
+    res = kdecode.GLUON_RESIDENT
+    got = {b: pick_num_splits(b, 8, num_sms=132, resident=res, fit=True) for b in (4, 8, 12, 16, 32, 64, 128, 4096)}
+    assert got == {4: 65, 8: 32, 12: 21, 16: 15, 32: 7, 64: 3, 128: 1, 4096: 1}
+    for pairs in range(1, 3000, 7):
+        s = pick_num_splits(pairs, 1, num_sms=132, resident=res, fit=True)
+        assert s == 1 or pairs * (s + 1) <= 132 * res < pairs * (s + 2) or s == 128, (pairs, s)
+    assert pick_num_splits(1, 1, num_sms=132, resident=res, fit=True) == 128
+    assert pick_num_splits(1, 1, num_sms=132, resident=res, fit=True, waves=None) == 128  # waves unused

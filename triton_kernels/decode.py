@@ -322,8 +322,13 @@ BALANCED_MAX_WAVES = 4.0
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, waves: float | None = 4.0,
-                    max_splits: int = 128, resident: int = RESIDENT_PROGRAMS_PER_SM) -> int:
+                    max_splits: int = 128, resident: int = RESIDENT_PROGRAMS_PER_SM, fit: bool = False) -> int:
     """Sealed-page splits per (request, KV head).
+
+    ``fit`` (``waves`` then unused): the most splits whose ``splits + 1`` programs per pair fit the
+    SMs' ``resident`` slots in one wave, at least 1: for a Gluon variant whose open-page program takes
+    an equal share of the sealed tiles (``GluonVariant.open_share``; no launcher rule uses it yet:
+    ``bench_decode.py --gluon-fit`` times it, benches/results/kernels_gluon_s27).
 
     ``waves`` a number: about ``waves`` programs per SM in all, the open-page program of each
     (request, head) included (``splits + 1`` programs per pair). ``waves`` None (balanced): the
@@ -344,6 +349,8 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
     pairs = max(1, batch * num_kv_heads)
+    if fit:
+        return max(1, min(max_splits, num_sms * resident // pairs - 1))
     if waves is not None:
         want = int(num_sms * waves)
         return max(1, min(max_splits, -(-want // pairs) - 1))

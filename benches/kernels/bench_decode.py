@@ -257,7 +257,7 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
 
 def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
                 waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128, fmt: str = "group",
-                block_n: int | None = None) -> dict:
+                block_n: int | None = None, fit: bool = False) -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
@@ -274,7 +274,9 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     ``fmt="page"`` (``--gluon-format page``): the INT2 server default's format (page-grid key
     ranges, G_K 16, G_V 64) instead of the paper's, the Gluon columns at 16-token tiles (one key
     group per tile), the Triton ones at their default 32. ``block_n`` (``--gluon-block-n``): the
-    Gluon columns' tile instead (32 at ``fmt="page"``: two key groups per tile)."""
+    Gluon columns' tile instead (32 at ``fmt="page"``: two key groups per tile). ``fit``
+    (``--gluon-fit``): also ``gluon:<name>@fit`` at ``pick_num_splits(fit=True)``'s split count (all
+    programs in one wave of the Gluon default's resident programs: for ``open_share`` variants)."""
     form = dict(k_group=16, v_group=64, key_page=True) if fmt == "page" else {}
     probe = OscarSetup(bits, batch, ctx, 1, **form)
     per_call = probe.kv_bytes()
@@ -288,7 +290,7 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     res = {"batch": batch, "ctx": ctx, "bits": bits, "copies": copies, "num_splits": splits, "kv_bytes": per_call,
            "mode": mode, "format": fmt, "gluon_block_n": gbn.get("block_n", default.block_n)}
     outs = {}
-    labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants]
+    labels = list(variants) + [f"{v}@w{w:g}" for w in waves for v in variants] + [f"{v}@fit" for v in variants if fit]
     res["variants"] = labels
     cols = [("default", default, ws), ("triton_merge_launch", dataclasses.replace(default, fused_merge=False), ws)]
     cols += [(f"gluon:{v}", dataclasses.replace(default, gluon=True, gluon_variant=v, **gbn), ws) for v in variants]
@@ -297,6 +299,12 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
         res.setdefault("num_splits_by_waves", {})[f"{w:g}"] = n
         ws_w = decode_workspace(batch, HQ, H, D, n, DEV)
         cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w, **gbn), ws_w)
+                 for v in variants]
+    if fit:  # the workspace sets the split count (oscar_decode_attention: num_splits None)
+        n = _dec.pick_num_splits(batch, H, resident=_dec.GLUON_RESIDENT, fit=True)
+        res["num_splits_fit"] = n
+        ws_f = decode_workspace(batch, HQ, H, D, n, DEV)
+        cols += [(f"gluon:{v}@fit", dataclasses.replace(default, gluon=True, gluon_variant=v, **gbn), ws_f)
                  for v in variants]
     # the launcher's own choice for this launch (the Gluon default where it takes it, at its split count)
     lt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
@@ -1218,6 +1226,7 @@ def main() -> None:
     ap.add_argument("--gluon-max-splits", type=int, default=128, help="with --gluon-waves: the most splits per (request, KV head) a <variant>@w<W> column may get (default 128, the default rule's cap)")
     ap.add_argument("--gluon-format", choices=("group", "page"), default="group", help="with --gluon: the pool's format: 'group' (the paper's: fp16 key group pairs, G_K = G_V = 32; default) or 'page' (the INT2 server default: page-grid key ranges, G_K 16, G_V 64; the Gluon columns at 16-token tiles)")
     ap.add_argument("--gluon-block-n", type=int, choices=(16, 32), default=None, help="with --gluon: the Gluon columns' tile (default: 16 at --gluon-format page, one key group per tile; 32 there: two key groups per tile; else the default's 32)")
+    ap.add_argument("--gluon-fit", action="store_true", help="with --gluon: also time every variant at the split count whose programs fit one wave (pick_num_splits(fit=True): for open_share variants), columns <variant>@fit")
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -1305,7 +1314,8 @@ def main() -> None:
                 log(f"Gluon vs default INT{bits} B={b} ctx={ctx}")
                 try:
                     rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"],
-                                            args.gluon_max_splits, args.gluon_format, args.gluon_block_n))
+                                            args.gluon_max_splits, args.gluon_format, args.gluon_block_n,
+                                            args.gluon_fit))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})
