@@ -76,3 +76,117 @@ def test_a_failing_peer_decides_nothing_and_the_report_renders():
     assert "gluon:dnp_r128fs" in md  # the config column names the Gluon stage 1 where it ran
     assert "failed" in md  # the peer table gives their failure
     assert "kernels_history.md" in md
+
+
+# ---- "Where the time goes" (benches/kernels/ncu_report.py) on Nsight Compute reports kept from GPU runs
+
+ncu_report = pytest.importorskip("ncu_report")
+_RESULTS = Path(__file__).resolve().parents[1] / "benches" / "results"
+#: H200, session 22: stage 1 of the Gluon default at (8, 32768) INT2 with its PC-sampling stall reasons
+_H200_STALLS = _RESULTS / "kernels_gluon_s22" / "ncu_8x32768_gluon-dnp_r128fs.txt"
+#: H100, session 27: the fused step's stage 1 at (16, 65536) INT2, sections only (no stall samples)
+_H100_FUSED = _RESULTS / "kernels_gluon_s27" / "ncu_16x65536_gluon-dnp_r128fslwk_fused.txt"
+
+
+def test_ncu_report_reads_the_launch_its_limits_and_its_stalls():
+    p = ncu_report.load(_H200_STALLS)
+    assert (p.mode, p.bits, p.batch, p.ctx, p.block_n, p.splits) == ("nowrite", 2, 8, 32768, 32, 32)
+    assert p.kernel == "_gluon_decode_stage1_kernel" and p.grid == (8, 8, 33)
+    assert (p.duration_us, p.dram_pct, p.dram_tbps, p.sms, p.sm_ghz) == (111.04, 39.1, 1.88, 132, 1.74)
+    assert p.instructions == 55_751_104 and p.tiles == 8 * 8 * 1024
+    assert p.issue_bound_us == pytest.approx(55_751_104 / (4 * 132 * 1.74e3))
+    assert p.excessive_sectors_pct == 28  # a rule text ncu wraps over two lines
+    # the stall rows are printed twice with --print-details all: the first one counts, *_not_issued never
+    assert p.stalls["long_scoreboard"] == 3807 and "long_scoreboard_not_issued" not in p.stalls
+    cycles = p.stall_cycles()
+    assert cycles[0][0] == "long_scoreboard"
+    assert sum(c for _, _, c in cycles) == pytest.approx(p.warp_cycles_per_issue)  # the shares split the 5.82 cycles
+    assert cycles[0][2] == pytest.approx(3807 / sum(p.stalls.values()) * 5.82)
+
+
+def test_ncu_report_section_tells_what_each_target_needs():
+    bench = {"meta": {"gpu": "NVIDIA H200"}, "hbm_copy_TBps": 4.0, "summary": [
+        {"batch": 8, "ctx": 32768, "bits": 2, "oscar_us": 120.0, "oscar_TBps": 2.0, "sdpa_us": 240.0, "sglang_us": 280.0,
+         "target_vs_sdpa": 4.0, "target_vs_sglang": 5.0},
+        {"batch": 16, "ctx": 65536, "bits": 2, "oscar_us": 400.0, "oscar_TBps": 2.0, "sdpa_us": 900.0, "sglang_us": None,
+         "target_vs_sdpa": 4.0, "target_vs_sglang": 5.0}]}
+    profiles = [ncu_report.load(_H200_STALLS), ncu_report.load(_H100_FUSED)]
+    rows = {tuple(r.split(" | ")[:3]): r.split(" | ") for r in ncu_report.closing_rows(profiles, bench)[2:]}
+    r8 = rows[("| 8", "32768", "2")]
+    # 4x SDPA needs 60 us, 5x SGLang 56 us: the stricter decides; the step's 240 MB at 4 TB/s take 60 us
+    assert r8[5] == "56.0" and r8[6] == f"{profiles[0].issue_bound_us:.1f}" and r8[7] == "60.0"
+    assert r8[8] == f"{profiles[0].instructions / profiles[0].tiles * 56 / 120:.0f} (today {profiles[0].instructions / profiles[0].tiles:.0f})"
+    assert r8[9].startswith("107 %")  # 240 MB in 56 us: more than the copy bandwidth
+    r16 = rows[("| 16", "65536", "2")]
+    assert r16[5] == "225.0" and "SGLang" not in r16[4]  # no SGLang time in this run: SDPA's target alone
+    text = ncu_report.section(profiles, bench)
+    assert "## Where the time goes (Nsight Compute)" in text and "NVIDIA H200" in text
+    assert "global/local memory (long scoreboard): 1.84 (32 %)" in text
+    assert "| 16 | 65536 | 2 | gluon_decode_stage1_kernel (gluon) | 16x8x17 | 349.5 | 2.35 (70 %) |" in text
+
+
+def test_ncu_report_refuses_what_is_not_a_stage_1_profile(tmp_path, capsys):
+    bad = tmp_path / "ncu_8x32768_default_int2.txt"
+    bad.write_text("==PROF== Connected to process 1\n==ERROR== An error was reported by the driver\n")
+    with pytest.raises(ncu_report.NcuReportError, match="no 'profiled ...' line"):
+        ncu_report.load(bad)
+    head = _H100_FUSED.read_text().split("  _gluon_decode_stage1_kernel")[0]
+    (tmp_path / "nokernel.txt").write_text(head)
+    with pytest.raises(ncu_report.NcuReportError, match="no profiled stage-1 kernel"):
+        ncu_report.load(tmp_path / "nokernel.txt")
+    assert ncu_report.main([str(bad)]) == 2
+    out = tmp_path / "kernels.md"
+    out.write_text("# report\n")
+    assert ncu_report.main([str(bad), str(_H100_FUSED), "--append", str(out)]) == 0
+    assert "skipped" in capsys.readouterr().err
+    assert out.read_text().startswith("# report\n\n## Where the time goes")
+
+
+def test_regenerate_asks_ncu_for_what_the_report_reads():
+    script = (Path(__file__).resolve().parents[1] / "benches" / "kernels" / "regenerate.sh").read_text()
+    assert f'metrics="{ncu_report.NCU_METRICS}"' in script
+    assert "ncu_report.py --bench" in script
+    assert "run_gpu_profile.sh \"${spec#*:}\" default" in script  # profile_decode.py --config default
+
+
+# ---- sensitivity experiments (benches/kernels/sensitivity.py): patched copies of the Gluon kernel
+
+sensitivity = pytest.importorskip("sensitivity")
+_PACKAGE = Path(__file__).resolve().parents[1] / "python" / "oscar_sgl"
+
+
+@pytest.mark.parametrize("patches", [["pairs"], ["vparams"], ["hadd2"], ["vfold"], ["pairs", "vparams"], ["pairs", "vfold"]])
+def test_sensitivity_patches_apply_to_todays_kernel(tmp_path, patches):
+    import ast
+
+    pkg = sensitivity.patched_copy(patches, tmp_path, source=_PACKAGE)
+    text = (pkg / "kernels" / "gluon_decode.py").read_text()
+    ast.parse(text)  # still Python
+    original = (_PACKAGE / "kernels" / "gluon_decode.py").read_text()
+    for name in patches:
+        for old, new in sensitivity.PATCHES[name]:
+            assert old in original and (old not in text or old in new)  # vfold keeps _attend's header
+    assert ("SENSITIVITY" in text) == (patches != ["hadd2"])
+    assert not (pkg / "kernels" / "gluon_decode.py").is_symlink()  # a copy: the repository is not touched
+    assert (_PACKAGE / "kernels" / "gluon_decode.py").read_text() == original
+
+
+def test_sensitivity_refuses_a_patch_whose_source_is_gone(tmp_path):
+    src = tmp_path / "src" / "oscar_sgl"
+    (src / "kernels").mkdir(parents=True)
+    (src / "kernels" / "gluon_decode.py").write_text("# a kernel without the permutes\n")
+    with pytest.raises(ValueError, match="patch 'pairs': its source text is not in gluon_decode.py"):
+        sensitivity.patched_copy(["pairs"], tmp_path / "a", source=src)
+    with pytest.raises(ValueError, match="unknown patch 'prmt'"):
+        sensitivity.patched_copy(["prmt"], tmp_path / "b", source=src)
+
+
+def test_sensitivity_report_sets_each_patch_against_none():
+    def run(scale: float) -> dict:
+        row = {"batch": 8, "ctx": 32768, "bits": 2, "default": {"us": 120.0 * scale},
+               "gluon:dnp_r128fslwk": {"us": 100.0 * scale}, "agree_rel_rms_by_variant": {"dnp_r128fslwk": 1.0}}
+        return {"rows": sensitivity._rows({"meta": {}, "rows": [row]})}
+
+    md = sensitivity.report({"none": run(1.0), "pairs": run(0.95)})
+    assert "| 8 | 32768 | 2 | gluon:dnp_r128fslwk | 100.0 | 95.0 (5.0 %) |" in md
+    assert "| 8 | 32768 | 2 | default | 120.0 | 114.0 (5.0 %) |" in md

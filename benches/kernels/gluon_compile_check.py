@@ -211,9 +211,12 @@ def main() -> int:
                 sass = sass_of(ck.asm["cubin"])
                 print(f"{name}: {resources(ck.asm['cubin'])} (dynamic shared {ck.metadata.shared} B)")
                 for i, c in enumerate(loops(sass)):
-                    # the sealed-tile loop is the one that dequantizes (HFMA2), the open-page one the one with
-                    # MMAs but no dequantization; a fused variant's merge has neither
-                    what = "sealed-tile loop" if c["HFMA2"] else "open-page loop" if c["HMMA"] else "merge loop"
+                    # the sealed-tile loop is the one that dequantizes (HFMA2; with the values folded into the
+                    # probabilities, benches/kernels/sensitivity.py's vfold, only the codes' LOP3 / HADD2 are
+                    # left), the open-page one the one with MMAs but no dequantization; a fused variant's
+                    # merge has neither
+                    sealed = c["HFMA2"] or c["HADD2"] or c["LOP3"] >= 64
+                    what = "sealed-tile loop" if sealed else "open-page loop" if c["HMMA"] else "merge loop"
                     print(f"  loop {i} ({what}, per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
                 if args.sass_dir:
                     args.sass_dir.mkdir(parents=True, exist_ok=True)

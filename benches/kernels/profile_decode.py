@@ -3,8 +3,9 @@
     ncu --clock-control none --kernel-name regex:_decode_stage1 --launch-skip 1 --launch-count 1 \\
         --section SpeedOfLight ... python3 benches/kernels/profile_decode.py --shape 8x32768 --config 32:1:3:16:0:1
 
-Each configuration (``bn:nw:ns:waves[:maxnreg[:transposed]]`` as in ``bench_decode.py --variants``;
-block_n 0 = the launcher's default; ``gluon`` or ``gluon:VARIANT``: the opt-in Gluon stage 1 at the
+Each configuration (``default``: the launcher's own tuning for the shape, Triton or the Gluon default
+as the backend runs it (``regenerate.sh`` profiles this one); ``bn:nw:ns:waves[:maxnreg[:transposed]]`` as in
+``bench_decode.py --variants``; block_n 0 = the Triton stage 1's default tuning; ``gluon`` or ``gluon:VARIANT``: the opt-in Gluon stage 1 at the
 default split count, ``VARIANT`` a key of ``gluon_decode.GLUON_VARIANTS``, default ``regs1``) is launched twice (compile + warm-up, then the profiled launch; ``--mode fused``: the whole step with the write),
 on the same random pool as the benchmark. ``run_gpu_profile.sh`` runs it under ncu for several
 configurations and keeps each report as text.
@@ -41,7 +42,13 @@ def main() -> None:
     args = ap.parse_args()
     batch, ctx = (int(x) for x in args.shape.split("x"))
     tune = _dec._default_tuning(batch, H, D, P)
-    if args.config.startswith("gluon"):
+    bn = 0
+    if args.config == "default":  # what the backend's launch picks for this batch (Triton or the Gluon default)
+        tune = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, k_group=32, v_group=32,
+                                   key_page=False, device=torch.device(DEV))
+        if args.waves is not None:
+            tune = dataclasses.replace(tune, waves=args.waves)
+    elif args.config.startswith("gluon"):
         variant = args.config.partition(":")[2] or "regs1"
         # the launcher's split rule for the Gluon default (waves of its resident programs from 512 pairs)
         lt = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, k_group=32, v_group=32,
@@ -49,7 +56,6 @@ def main() -> None:
         tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant, waves=lt.waves, resident=lt.resident)
         if args.waves is not None:
             tune = dataclasses.replace(tune, waves=args.waves)
-        bn = 0
     else:
         bn, nw, ns, waves, mr, tr = parse_variant(args.config)
     if bn != 0:
@@ -63,7 +69,8 @@ def main() -> None:
         run()
     torch.cuda.synchronize()
     print(f"profiled ({args.mode}): INT{args.bits} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
-          f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} gluon={tune.gluon} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
+          f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} gluon={tune.gluon} "
+          f"variant={tune.gluon_variant if tune.gluon else 'triton'} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":

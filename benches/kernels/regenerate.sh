@@ -13,7 +13,12 @@
 # 16 cores) is kept in AUTHORS_BUILD and reused while its .so is there; AUTHORS_BUILD=none leaves that
 # column out (the report then says "not measured" for it).
 #
-# Where it writes: REPORT_DIR (default benches/results): kernels.md, kernels.json, kernels.png, and
+# Then, where Nsight Compute (ncu) is installed, "Where the time goes": stage 1 of the default decode step
+# profiled at PROFILE_SHAPES (BITS:BxCTX, default the INT2 target shapes and INT4 at (8, 32768); ~30 s each)
+# with its stall samples and shared-memory wavefronts, the reports kept in REPORT_DIR/ncu/ and read by
+# benches/kernels/ncu_report.py into a section appended to kernels.md. PROFILE=0 leaves it out.
+#
+# Where it writes: REPORT_DIR (default benches/results): kernels.md, kernels.json, kernels.png, ncu/, and
 # kernels_bench.log (the benchmark's output). On the lent device machine: REPORT_DIR=$OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,4 +55,18 @@ rc=${PIPESTATUS[0]}
 cp "$tmp/kernels.md" "$tmp/kernels.json" "$REPORT_DIR"/
 [ -f "$tmp/kernels.png" ] && cp "$tmp/kernels.png" "$REPORT_DIR"/
 rm -rf "$tmp"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ "${PROFILE:-1}" != 0 ] && [ -n "$NCU" ]; then
+  rm -rf "$REPORT_DIR/ncu" && mkdir -p "$REPORT_DIR/ncu"
+  # the same metrics as benches/kernels/ncu_report.py NCU_METRICS (tests/test_bench_report.py checks it)
+  metrics="regex:smsp__pcsamp_warps_issue_stalled_.*,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
+  for spec in ${PROFILE_SHAPES:-2:1x131072 2:8x32768 2:16x65536 4:8x32768}; do
+    NCU="$NCU" OUT="$REPORT_DIR/ncu" PROFILE_ARGS="--mode fused --bits ${spec%%:*}" PROFILE_TAG="_int${spec%%:*}" \
+      NCU_EXTRA="--metrics $metrics" bash benches/kernels/run_gpu_profile.sh "${spec#*:}" default
+  done
+  python3 benches/kernels/ncu_report.py --bench "$REPORT_DIR/kernels.json" --append "$REPORT_DIR/kernels.md" \
+    "$REPORT_DIR"/ncu/ncu_*.txt || echo "regenerate.sh: no usable Nsight Compute report; kernels.md has no 'Where the time goes'"
+elif [ "${PROFILE:-1}" != 0 ]; then
+  echo "regenerate.sh: no ncu found: kernels.md has no 'Where the time goes' section"
+fi
 echo "regenerate.sh: wrote $REPORT_DIR/kernels.md"

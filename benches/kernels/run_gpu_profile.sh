@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/oscar-bench}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD/python}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)}
 shape=$1; shift
 for cfg in "$@"; do
   timeout "${PROFILE_TIMEOUT:-120}" "$NCU" --clock-control none --kernel-name regex:_decode_stage1 --launch-skip 1 --launch-count 1 \
