@@ -28,6 +28,11 @@ Triton 3.6, ``gluon_compile_check.py`` on a patched copy), ``dnp_r128fslwk`` (th
   go to small accumulators. 629 / 662 (``dnp_r128fslwnk`` 628 at INT2), 4 spilled words per tile
   at the 128-register cap. Only the register path without prefetch (``dnp_*``) takes the probe.
 - ``pairs+vfold``: 613 / 644 (-14 % / -16 %; ``dnp_r128fslwnk`` 598 at INT2).
+
+Page-grid key ranges (G_K 16, G_V 64: the INT2 server default's format; ``--bench-args "--gluon-format
+page"``), its Gluon default ``dnp_r128fslw`` on 16-token tiles, INT2 / INT4: none 542 / 550, ``vfold``
+484 / 490 (one B operand: two value groups per row), ``pairs+vfold`` 452 / 456 (-17 %); on 32-token
+tiles (two key groups each) 925 -> 853 -> 782 at INT2.
 - ``hadd2``: session 22's experiment: the exact codes' HSUB2 (``_PAIR_ASM``) left out.
 
 On the device, after ``bash benches/serving/run_gpu.sh setup`` (PYTHONPATH=/tmp/site:$PWD/python):
@@ -46,6 +51,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,14 +77,15 @@ _HSUB2_PAIR = 'sub.rn.f16x2 t, t, $3;'
 #: the probe there, the unchanged value path elsewhere.
 _VFOLD_PROBE = '''    @gluon.jit
     def _values_fold_probe(vw0, vw1, vpw, vo0, b_p, acc, D: gl.constexpr, BITS: gl.constexpr, BLOCK_N: gl.constexpr,
-                           BLOCK_H: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr):
+                           BLOCK_H: gl.constexpr, LV: gl.constexpr, MMA: gl.constexpr, NG: gl.constexpr):
         """SENSITIVITY (vfold): the values' work if a layout v2 stored their codes in MMA fragment order
         with group-pure row tiles (rows 0-63: groups 0-1, 64-127: groups 2-3) and their params paired
         by token pairs: codes straight from the LOP3 (magic + code: no PRMT, HSUB2 or HFMA2); the scales
         on the probabilities, one B operand per half of the rows whose columns 0-3 / 4-7 carry the two
         groups (the GQA group of 4 leaves 4 of the 8 columns free); the offsets (an MMA of the offsets'
         token pairs) and the magic's column sums (an MMA of ones per B operand) into small accumulators,
-        here added to the running sum's partials to keep them. On today's bytes: wrong results."""
+        here added to the running sum's partials to keep them. With two value groups per row (NG 2,
+        G_V = 64 at D = 128) one B operand serves both row halves. On today's bytes: wrong results."""
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         HALF: gl.constexpr = 16 // BITS
@@ -100,17 +107,21 @@ _VFOLD_PROBE = '''    @gluon.jit
         LPK: gl.constexpr = p_pk.type.layout
         tp = gl.arange(0, NP, layout=gl.SliceLayout(1, LPK))
         col = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, LPK))
-        s_off = tp[:, None] * 8 + col[None, :] // 4
+        s_off = tp[:, None] * (2 * NG) + col[None, :] // 4  # NG words per token of today's params
         s01 = gl.load(vpw + s_off)
-        s23 = gl.load(vpw + 2 + s_off)
         pa = gl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [p_pk, s01], dtype=gl.int32,
                                        is_pure=True, pack=1)
-        pb = gl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [p_pk, s23], dtype=gl.int32,
-                                       is_pure=True, pack=1)
         pa_lo, pa_hi = _halves_f16(pa)
-        pb_lo, pb_hi = _halves_f16(pb)
         b01 = gl.convert_layout(gl.reshape(gl.permute(gl.join(pa_lo, pa_hi), [0, 2, 1]), [BLOCK_N, BLOCK_H]), B_OP)
-        b23 = gl.convert_layout(gl.reshape(gl.permute(gl.join(pb_lo, pb_hi), [0, 2, 1]), [BLOCK_N, BLOCK_H]), B_OP)
+        if NG > 2:  # groups 2-3 on rows 64-127: a B operand of their own
+            s23 = gl.load(vpw + 2 + s_off)
+            pb = gl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [p_pk, s23], dtype=gl.int32,
+                                           is_pure=True, pack=1)
+            pb_lo, pb_hi = _halves_f16(pb)
+            b23 = gl.convert_layout(gl.reshape(gl.permute(gl.join(pb_lo, pb_hi), [0, 2, 1]), [BLOCK_N, BLOCK_H]),
+                                    B_OP)
+        else:
+            b23 = b01
         acc_a, acc_b = gl.split(gl.permute(gl.reshape(acc, [2, D // 2, BLOCK_H]), [1, 2, 0]))
         acc_a = mma_v2(vt_a, b01, gl.convert_layout(acc_a, MMA, assert_trivial=True))
         acc_b = mma_v2(vt_b, b23, gl.convert_layout(acc_b, MMA, assert_trivial=True))
@@ -119,13 +130,14 @@ _VFOLD_PROBE = '''    @gluon.jit
         # the magic's column sums (A of ones) and the offsets (A: the offsets' token pairs, rows 0-7)
         ones = gl.full([16, BLOCK_N], 1.0, gl.float16, A_OP)
         extra = mma_v2(ones, b01, gl.zeros([16, BLOCK_H], gl.float32, MMA))
-        extra = mma_v2(ones, b23, extra)
+        if NG > 2:
+            extra = mma_v2(ones, b23, extra)
         LZ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, LV))  # [2, 8, NP]: rows 8-15 of A zero
         hh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, LZ)))
         LZW: gl.constexpr = gl.SliceLayout(0, LZ)  # [8, NP]: lane (g, t) the offsets' pairs of its row g
         zg = gl.arange(0, 8, layout=gl.SliceLayout(1, LZW))
         ztp = gl.arange(0, NP, layout=gl.SliceLayout(0, LZW))
-        zw = gl.load(vpw + 4 + ztp[None, :] * 8 + zg[:, None] // 2)
+        zw = gl.load(vpw + NG // 2 + ztp[None, :] * (2 * NG) + zg[:, None] // (8 // NG))
         z3 = gl.expand_dims(zw, 0)
         hh3 = gl.expand_dims(gl.expand_dims(hh, 1), 2)
         z3, hh3 = gl.broadcast(z3, hh3)
@@ -146,7 +158,7 @@ _ATTEND_PROBE = """        if vpw is None:
             b_vt = _tile_values(vw0, vw1, vs0, vs1, vo0, vo1, D, BITS, BLOCK_N, LV, MMA, PACKED, LEAN)
             acc = mma_v2(b_vt, gl.convert_layout(b_p.to(gl.float16), B_OP), acc)
         else:  # SENSITIVITY (vfold)
-            acc, extra = _values_fold_probe(vw0, vw1, vpw, vo0, b_p, acc, D, BITS, BLOCK_N, BLOCK_H, LV, MMA)
+            acc, extra = _values_fold_probe(vw0, vw1, vpw, vo0, b_p, acc, D, BITS, BLOCK_N, BLOCK_H, LV, MMA, NG)
             # keeps the small MMAs (a kernel on layout v2 carries them as accumulators of their own)
             l_i = l_i + gl.convert_layout(_tile_sum(extra, 16, LAZY), l_i.type.layout)
         return m_new, l_i, acc"""
@@ -158,8 +170,8 @@ _DNP_CALL = """                m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, k
         elif STAGES == 0:  # \"regs1\""""
 _DNP_CALL_PROBE = _DNP_CALL.replace(
     "                m_i, l_i, acc = _attend(",
-    "                vpw = vp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + ((page * H + i_h) * P + (it % TPP) * BLOCK_N) * 4\n"
-    "                m_i, l_i, acc = _attend(", 1).replace("BLOCK_N > G_K)\n", "BLOCK_N > G_K, vpw)\n", 1)
+    "                vpw = vp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + ((page * H + i_h) * P + (it % TPP) * BLOCK_N) * (D // G_V)\n"
+    "                m_i, l_i, acc = _attend(", 1).replace("BLOCK_N > G_K)\n", "BLOCK_N > G_K, vpw, D // G_V)\n", 1)
 
 #: name -> [(the exact source text, what replaces it)] in kernels/gluon_decode.py
 PATCHES: dict[str, list[tuple[str, str]]] = {
@@ -173,7 +185,8 @@ PATCHES: dict[str, list[tuple[str, str]]] = {
     "hadd2": [(_HSUB2_PAIR, "")],
     "vfold": [
         (_ATTEND_DEF, _VFOLD_PROBE + _ATTEND_DEF),
-        (_ATTEND_SIG, _ATTEND_SIG.replace("KG2: gl.constexpr = False):", "KG2: gl.constexpr = False, vpw=None):")),
+        (_ATTEND_SIG, _ATTEND_SIG.replace("KG2: gl.constexpr = False):",
+                                         "KG2: gl.constexpr = False, vpw=None, NG: gl.constexpr = 4):")),
         (_ATTEND_VALUES, _ATTEND_PROBE),
         (_DNP_CALL, _DNP_CALL_PROBE),
     ],
@@ -254,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="dnp_r128fslwk,dnp_r128fslwnk")
     ap.add_argument("--shapes", default="8x32768,16x65536,32x8192,64x4096")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "sens")
+    ap.add_argument("--bench-args", default="",
+                    help="more bench_decode.py arguments for every run, e.g. \"--gluon-format page\"")
     ap.add_argument("--check", action="store_true", help="apply every patch set to a copy and stop (no GPU)")
     args = ap.parse_args(argv)
     sets = _sets(args.patches)
@@ -272,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""))
             out = Path(d) / "bench"
             cmd = [sys.executable, str(Path(__file__).with_name("bench_decode.py")), "--gluon", "--gluon-step",
-                   "--gluon-variants", args.variants, "--shapes", args.shapes, "--out", str(out)]
+                   "--gluon-variants", args.variants, "--shapes", args.shapes, "--out", str(out),
+                   *shlex.split(args.bench_args)]
             print(f"sensitivity.py: {label}: {' '.join(cmd)}", flush=True)
             rc = subprocess.run(cmd, env=env).returncode
             if rc != 0 or not (out / "gluon.json").exists():
