@@ -190,3 +190,16 @@ def test_sensitivity_report_sets_each_patch_against_none():
     md = sensitivity.report({"none": run(1.0), "pairs": run(0.95)})
     assert "| 8 | 32768 | 2 | gluon:dnp_r128fslwk | 100.0 | 95.0 (5.0 %) |" in md
     assert "| 8 | 32768 | 2 | default | 120.0 | 114.0 (5.0 %) |" in md
+
+
+def test_ncu_report_reads_units_by_their_names(tmp_path):
+    text = _H100_FUSED.read_text()
+    small = (text.replace("Memory Throughput                          Tbyte/s         2.35",
+                          "Memory Throughput                          Gbyte/s       812.50")
+             .replace("Duration                         us       349.54", "Duration                         ms         1.25"))
+    (tmp_path / "r.txt").write_text(small)
+    p = ncu_report.load(tmp_path / "r.txt")
+    assert p.dram_tbps == pytest.approx(0.8125) and p.duration_us == pytest.approx(1250.0)
+    (tmp_path / "bad.txt").write_text(text.replace("Ghz         1.85", "furlong         1.85"))
+    with pytest.raises(ncu_report.NcuReportError, match="'SM Frequency' in unit 'furlong'"):
+        ncu_report.load(tmp_path / "bad.txt").sm_ghz

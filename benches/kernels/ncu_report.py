@@ -108,11 +108,19 @@ class Profile:
     def instructions(self) -> float:
         return self.need("Instruction Statistics", "Executed Instructions")
 
+    def scaled(self, section: str, name: str, factors: dict[str, float]) -> float:
+        """A metric in the unit ``factors`` maps to 1 (ncu picks the unit by magnitude: us / ms,
+        Tbyte/s / Gbyte/s, Ghz / Mhz)."""
+        v = self.need(section, name)
+        unit = self.units.get((section, name), "")
+        if unit not in factors:
+            raise NcuReportError(f"{self.path}: '{name}' in unit {unit!r}, not one of {', '.join(factors)}")
+        return v * factors[unit]
+
     @property
     def duration_us(self) -> float:
-        d = self.need("GPU Speed Of Light Throughput", "Duration")
-        unit = self.units.get(("GPU Speed Of Light Throughput", "Duration"), "us")
-        return {"ns": d / 1e3, "us": d, "ms": d * 1e3, "msecond": d * 1e3, "usecond": d, "nsecond": d / 1e3}[unit]
+        return self.scaled("GPU Speed Of Light Throughput", "Duration",
+                           {"us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "ns": 1e-3, "nsecond": 1e-3})
 
     @property
     def sms(self) -> int:
@@ -120,7 +128,8 @@ class Profile:
 
     @property
     def sm_ghz(self) -> float:
-        return self.need("GPU Speed Of Light Throughput", "SM Frequency")
+        return self.scaled("GPU Speed Of Light Throughput", "SM Frequency",
+                           {"Ghz": 1.0, "GHz": 1.0, "Mhz": 1e-3, "MHz": 1e-3, "cycle/nsecond": 1.0})
 
     @property
     def issue_bound_us(self) -> float:
@@ -129,7 +138,8 @@ class Profile:
 
     @property
     def dram_tbps(self) -> float:
-        return self.need("Memory Workload Analysis", "Memory Throughput")
+        return self.scaled("Memory Workload Analysis", "Memory Throughput",
+                           {"Tbyte/s": 1.0, "Gbyte/s": 1e-3, "Mbyte/s": 1e-6})
 
     @property
     def dram_pct(self) -> float:
