@@ -16,7 +16,7 @@
 # Then, where Nsight Compute (ncu) is installed, "Where the time goes": stage 1 of the default decode step
 # profiled at PROFILE_SHAPES (BITS:BxCTX, default the INT2 target shapes and INT4 at (8, 32768); ~30 s each)
 # with its stall samples and shared-memory wavefronts, the reports kept in REPORT_DIR/ncu/ and read by
-# benches/kernels/ncu_report.py into a section appended to kernels.md. PROFILE=0 leaves it out.
+# benches/kernels/ncu_report.py into a section appended to kernels.md. NCU_PROFILE=0 leaves it out.
 #
 # Where it writes: REPORT_DIR (default benches/results): kernels.md, kernels.json, kernels.png, ncu/, and
 # kernels_bench.log (the benchmark's output). On the lent device machine: REPORT_DIR=$OUT.
@@ -56,7 +56,7 @@ cp "$tmp/kernels.md" "$tmp/kernels.json" "$REPORT_DIR"/
 [ -f "$tmp/kernels.png" ] && cp "$tmp/kernels.png" "$REPORT_DIR"/
 rm -rf "$tmp"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-if [ "${PROFILE:-1}" != 0 ] && [ -n "$NCU" ]; then
+if [ "${NCU_PROFILE:-1}" != 0 ] && [ -n "$NCU" ]; then
   rm -rf "$REPORT_DIR/ncu" && mkdir -p "$REPORT_DIR/ncu"
   # the same metrics as benches/kernels/ncu_report.py NCU_METRICS (tests/test_bench_report.py checks it)
   metrics="regex:smsp__pcsamp_warps_issue_stalled_.*,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
@@ -66,7 +66,7 @@ if [ "${PROFILE:-1}" != 0 ] && [ -n "$NCU" ]; then
   done
   python3 benches/kernels/ncu_report.py --bench "$REPORT_DIR/kernels.json" --append "$REPORT_DIR/kernels.md" \
     "$REPORT_DIR"/ncu/ncu_*.txt || echo "regenerate.sh: no usable Nsight Compute report; kernels.md has no 'Where the time goes'"
-elif [ "${PROFILE:-1}" != 0 ]; then
+elif [ "${NCU_PROFILE:-1}" != 0 ]; then
   echo "regenerate.sh: no ncu found: kernels.md has no 'Where the time goes' section"
 fi
 echo "regenerate.sh: wrote $REPORT_DIR/kernels.md"
