@@ -213,9 +213,9 @@ def patched_copy(patches: list[str], dest: Path, source: Path | None = None) -> 
             raise ValueError(f"unknown patch {name!r}: one of {', '.join(PATCHES)}")
         for old, new in PATCHES[name]:
             n = text.count(old)
-            if n == 0:
-                raise ValueError(f"patch {name!r}: its source text is not in {kernel.name} (the kernel changed; "
-                                 f"update benches/kernels/sensitivity.py)")
+            if n != 1:
+                raise ValueError(f"patch {name!r}: its source text is {'not' if n == 0 else f'{n} times'} in "
+                                 f"{kernel.name} (the kernel changed; update benches/kernels/sensitivity.py)")
             text = text.replace(old, new)
     kernel.write_text(text)
     return pkg
