@@ -760,7 +760,7 @@ def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_
     _, out_triton = _step_with_write(cfg, gluon=False, lens=lens)
     assert torch.equal(out_default, out_gluon)
     assert not torch.equal(out_default, out_triton)
-    assert rel_rms(out_default, out_triton) < 1e-3
+    assert rel_rms(out_default, out_triton) < _bound(kdecode.GLUON_DEFAULT_VARIANT, 2, 1e-3)
     monkeypatch.setenv(kdecode.GLUON_DEFAULT_ENV, "0")
     _, out_off = _step_with_write(cfg, gluon=None, lens=lens)
     assert torch.equal(out_off, out_triton)
@@ -812,4 +812,6 @@ def test_the_default_decode_from_512_pairs_balances_waves_of_16_gluon_programs(b
     assert torch.equal(out_default, out_explicit)
     assert not torch.isnan(out_default).any()
     err = rel_rms(out_default.float(), out_triton.float())
-    assert err < 1e-3, f"default (Gluon, {splits} splits) vs Triton step: relative RMS {err:.2e}"
+    # the lean INT2 default's rounding (LEAN_BOUND; H100, session 28: 6.8e-3 at 64 requests, INT2)
+    assert err < _bound(kdecode.GLUON_DEFAULT_VARIANT, bits, 1e-3), \
+        f"default (Gluon, {splits} splits) vs Triton step: relative RMS {err:.2e}"

@@ -469,8 +469,15 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 #: Triton step, INT2 / INT4): 1.08x / 1.04x at (8, 4096), 1.17x / 1.10x at (16, 8192), 1.24x / 1.12x
 #: at (8, 32768), 1.33x / 1.16x at (16, 65536), 1.15x / 1.07x at (64, 8192), against 1.06-1.19x /
 #: 1.04-1.14x for session 21's "dnp_r128fs"; 0.94x / 0.90x at (32, 1024)
-#: (benches/results/kernels_gluon_s25/).
-GLUON_DEFAULT_VARIANT = "dnp_r128fslwk"
+#: (benches/results/kernels_gluon_s25/). Since session 28 its lean INT2 form, "dnp_r128fslwnk": at
+#: INT2 each code pair in two instructions (the magic folded into an fp16-rounded offset, keys
+#: dequantized that way rather than folded), the same kernel at INT4. H100, session 28, one run,
+#: whole steps against "dnp_r128fslwk" at the same split count: 0-4 % less time at INT2 at 4-128
+#: requests of 1K-64K tokens (3.9 % at (16, 65536), 2.5 % at (8, 32768)), never more beyond the
+#: run's spread (+0.3 % at (4, 32768)); its perplexity and KL on two texts equal the exact dequantization's within the
+#: windows' spread (session 22, quality_lean_offsets_*.json); ~5e-3 relative RMS from the reference at
+#: INT2 instead of ~2e-3 (tests: LEAN_BOUND) (benches/results/kernels_gluon_s28/).
+GLUON_DEFAULT_VARIANT = "dnp_r128fslwnk"
 #: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
 #: stage 1: below, 1-3 requests at 8 KV heads (H100, session 25: 0.83-0.94x at (1, 131072) at this
 #: split rule, 0.98-1.08x at 16 pairs); from 32 pairs 1.02-1.14x (4 requests at 8K and 32K tokens);

@@ -2,8 +2,9 @@
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
 On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
-pass against the torch reference. The default decode runs the "dnp_r128fslwk" variant
-(``decode.GLUON_DEFAULT_VARIANT``; session 21's "dnp_r128fs" before session 25) on sm_90 from 32 to
+pass against the torch reference. The default decode runs the "dnp_r128fslwnk" variant
+(``decode.GLUON_DEFAULT_VARIANT``; session 21's "dnp_r128fs" before session 25, "dnp_r128fslwk" until
+session 28) on sm_90 from 32 to
 1024 (request, KV head) pairs (``decode.gluon_default_reason``): whole steps 0.90-1.33x the fused
 Triton step on an H100 there (benches/results/kernels_gluon_s25/); elsewhere it is opt-in
 (``decode._DecodeTuning.gluon``, tests and benchmarks);
