@@ -35,6 +35,9 @@ page"``), its Gluon default ``dnp_r128fslw`` on 16-token tiles, INT2 / INT4: non
 tiles (two key groups each) 925 -> 853 -> 782 at INT2.
 - ``hadd2``: session 22's experiment: the exact codes' HSUB2 (``_PAIR_ASM``) left out.
 
+Timed on an H100 in session 28 (benches/results/kernels_gluon_s28/sens*): ``vfold`` -8 % to +3 %,
+``pairs+vfold`` -7 % to +5 % of the step time, ``pairs`` 0-3 %; layout v2 was not built.
+
 On the device, after ``bash benches/serving/run_gpu.sh setup`` (PYTHONPATH=/tmp/site:$PWD/python):
 
     python3 benches/kernels/sensitivity.py --patches none,pairs,vfold,pairs+vfold \\
