@@ -16,8 +16,8 @@ import types
 
 import pytest
 import torch
-from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu, needs_cuda,
-                                 reference_decode, rel_rms)
+from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu,
+                                 needs_cuda, reference_decode, rel_rms, variant_bound)
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import INT2_FORMAT, PAPER_FORMAT
@@ -134,16 +134,7 @@ def test_gluon_variants_match_reference(variant, bits, nan_empty):
                 assert rel_rms(out, base) < bound, f"{variant} vs regs1: relative RMS {rel_rms(out, base):.2e}"
 
 
-#: How far a ``lean_dequant`` variant's INT2 output may be from the Triton kernel's: its offsets
-#: folded with the magic (``o - 16 s``, ``o - 4 s``) are rounded to fp16, up to |o - 16 s| / 2^12 per
-#: element and the same for a whole group (the numpy stand-in measured 3.6e-3 - 5.2e-3 relative RMS
-#: on these pools; the other variants stay within 1e-3).
-LEAN_BOUND = 1e-2
-
-
-def _bound(variant: str, bits: int, bound: float) -> float:
-    """``bound``, or ``LEAN_BOUND`` for a lean variant at INT2 (where its dequantization differs)."""
-    return LEAN_BOUND if bits == 2 and gluon_decode.GLUON_VARIANTS[variant].lean_dequant else bound
+_bound = variant_bound  # bound, or LEAN_BOUND for a lean variant at INT2 (support/kernel_data.py)
 
 
 def _source_paths() -> dict[str, str]:
