@@ -203,3 +203,24 @@ def test_ncu_report_reads_units_by_their_names(tmp_path):
     (tmp_path / "bad.txt").write_text(text.replace("Ghz         1.85", "furlong         1.85"))
     with pytest.raises(ncu_report.NcuReportError, match="'SM Frequency' in unit 'furlong'"):
         ncu_report.load(tmp_path / "bad.txt").sm_ghz
+
+
+def test_page_rule_column_patches_the_launchers_page_rule_and_restores_it():
+    """``--gluon-page-rule``: the candidate column's tuning is the launcher's own with the page-grid
+    rule taking the Gluon stage 1 at INT2 (the variant on the asked tile), and nothing stays patched."""
+    dec = bench_decode._dec
+    before = (dec.GLUON_DEFAULT_PAGE_BITS, dec.GLUON_DEFAULT_PAGE_VARIANT, dec.gluon_block_n)
+    assert 2 not in dec.GLUON_DEFAULT_PAGE_BITS
+    kw = dict(batch=8, num_kv_heads=8, group=4, head_dim=128, bits=2, k_group=16, v_group=64, key_page=True,
+              device=__import__("torch").device("cpu"), capability=(9, 0))
+    assert "page-grid key ranges" in dec.gluon_default_reason(block_n=16, **kw)
+    with bench_decode._page_rule("dnp_r128fslwn", 32):
+        assert dec.gluon_block_n(32, 16, True) == 32 and dec.gluon_block_n(32, 32, True) == 32
+        reason = dec.gluon_default_reason(block_n=32, **kw)
+        # past the page rule: only what this machine lacks (a Triton 3.6 Gluon) may still say no
+        assert reason is None or reason.startswith(("the Gluon stage 1 is written against", "triton.experimental")), reason
+    with bench_decode._page_rule("dnp_r128fslwnk", 32):  # folded keys take one key group per tile
+        assert "one key group per tile" in dec.gluon_default_reason(block_n=32, **kw)
+    with bench_decode._page_rule("dnp_r128fslwn", 16):
+        assert dec.gluon_block_n(32, 16, True) == 16
+    assert (dec.GLUON_DEFAULT_PAGE_BITS, dec.GLUON_DEFAULT_PAGE_VARIANT, dec.gluon_block_n) == before

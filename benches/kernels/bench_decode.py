@@ -19,6 +19,7 @@ Run on the device machine through ``benches/kernels/run_gpu.sh``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -257,7 +258,7 @@ def stream_only(st, splits, block_n, num_warps, num_stages, copies) -> dict:
 
 def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[str, ...] = ("regs1",),
                 waves: tuple[float, ...] = (), mode: str = "qrot", max_splits: int = 128, fmt: str = "group",
-                block_n: int | None = None, fit: bool = False) -> dict:
+                block_n: int | None = None, fit: bool = False, page_rules: tuple[tuple[str, int], ...] = ()) -> dict:
     """``--gluon``: the Gluon stage 1 (``_DecodeTuning.gluon``; issue 14 item 1, first step) side by
     side with the default Triton kernel on the same data, both with the queries rotated beforehand
     and no write (the Gluon path fuses neither): default = stage 1 (+ the merge, fused or not, as
@@ -276,7 +277,12 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     group per tile), the Triton ones at their default 32. ``block_n`` (``--gluon-block-n``): the
     Gluon columns' tile instead (32 at ``fmt="page"``: two key groups per tile). ``fit``
     (``--gluon-fit``): also ``gluon:<name>@fit`` at ``pick_num_splits(fit=True)``'s split count (all
-    programs in one wave of the Gluon default's resident programs: for ``open_share`` variants)."""
+    programs in one wave of the Gluon default's resident programs: for ``open_share`` variants).
+    ``page_rules`` (``--gluon-page-rule``, with ``fmt="page"``): for each ``(variant, block_n)`` also
+    ``gluon:rule <variant>@<block_n>``, the launcher's own choice (split count included) were its
+    page-grid rule to take the Gluon stage 1 at INT2 and INT4 with that variant on ``block_n``-token
+    tiles (``decode.GLUON_DEFAULT_PAGE_BITS`` / ``_VARIANT`` / ``gluon_block_n`` patched for the column):
+    a candidate for the INT2 server default timed as the backend would run it."""
     form = dict(k_group=16, v_group=64, key_page=True) if fmt == "page" else {}
     probe = OscarSetup(bits, batch, ctx, 1, **form)
     per_call = probe.kv_bytes()
@@ -312,6 +318,15 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
     res["launcher"] = {"gluon": lt.gluon_variant if lt.gluon else None, "num_splits": n}
     labels.append("launcher")
     cols.append(("gluon:launcher", lt, decode_workspace(batch, HQ, H, D, n, DEV)))
+    for v, bn in page_rules:
+        with _page_rule(v, bn):
+            rt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
+            n = _dec.pick_num_splits(batch, H, waves=rt.waves, resident=rt.resident)
+        label = f"rule {v}@{bn}"
+        res.setdefault("page_rules", {})[label] = {"gluon": rt.gluon_variant if rt.gluon else None,
+                                                    "block_n": rt.block_n, "num_splits": n}
+        labels.append(label)
+        cols.append((f"gluon:{label}", rt, decode_workspace(batch, HQ, H, D, n, DEV)))
     for name, tune, wsc in cols:
         try:
             st.call(0, tuning=tune, ws=wsc, mode=mode)()
@@ -370,6 +385,23 @@ def gluon_markdown(rows: list[dict], meta: dict) -> str:
         ag = f"{max(ags.values()):.1e}" if ags else "-"
         out.append(f"| {r['batch']} | {r['ctx']} | {r['bits']} | {us('default')} | {us('triton_merge_launch')} | {' | '.join(cells)} | {best} | {ag} |")
     return "\n".join(out) + "\n"
+
+
+@contextlib.contextmanager
+def _page_rule(variant: str, block_n: int):
+    """The launcher's page-grid rule as a candidate would set it (``bench_gluon``'s ``page_rules``):
+    the Gluon stage 1 at INT2 and INT4 with ``variant`` on ``block_n``-token tiles at G_K 16."""
+    saved = (_dec.GLUON_DEFAULT_PAGE_BITS, _dec.GLUON_DEFAULT_PAGE_VARIANT, _dec.gluon_block_n)
+    orig_block_n = _dec.gluon_block_n
+
+    def block_n_rule(bn, k_group, key_page):
+        return block_n if key_page and k_group == 16 and bn == 32 else orig_block_n(bn, k_group, key_page)
+
+    _dec.GLUON_DEFAULT_PAGE_BITS, _dec.GLUON_DEFAULT_PAGE_VARIANT, _dec.gluon_block_n = (2, 4), variant, block_n_rule
+    try:
+        yield
+    finally:
+        _dec.GLUON_DEFAULT_PAGE_BITS, _dec.GLUON_DEFAULT_PAGE_VARIANT, _dec.gluon_block_n = saved
 
 
 def launcher_tuning(bits: int, batch: int, *, k_group: int, v_group: int, key_page: bool):
@@ -1227,6 +1259,7 @@ def main() -> None:
     ap.add_argument("--gluon-format", choices=("group", "page"), default="group", help="with --gluon: the pool's format: 'group' (the paper's: fp16 key group pairs, G_K = G_V = 32; default) or 'page' (the INT2 server default: page-grid key ranges, G_K 16, G_V 64; the Gluon columns at 16-token tiles)")
     ap.add_argument("--gluon-block-n", type=int, choices=(16, 32), default=None, help="with --gluon: the Gluon columns' tile (default: 16 at --gluon-format page, one key group per tile; 32 there: two key groups per tile; else the default's 32)")
     ap.add_argument("--gluon-fit", action="store_true", help="with --gluon: also time every variant at the split count whose programs fit one wave (pick_num_splits(fit=True): for open_share variants), columns <variant>@fit")
+    ap.add_argument("--gluon-page-rule", default="", metavar="VARIANT:BLOCK_N,...", help="with --gluon --gluon-format page: also the launcher's choice were its page-grid rule to take the Gluon stage 1 at INT2 and INT4 with VARIANT on BLOCK_N-token tiles (16 or 32), one column 'rule VARIANT@BLOCK_N' each")
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -1307,6 +1340,16 @@ def main() -> None:
         for v in gvars:
             gluon_decode.check_gluon_key_groups(v, block_n=meta["gluon_block_n"],
                                                 k_group=16 if args.gluon_format == "page" else 32)
+        rules = []
+        for item in filter(None, args.gluon_page_rule.split(",")):
+            v, _, bn = item.partition(":")
+            if args.gluon_format != "page" or bn not in ("16", "32"):
+                raise ValueError(f"--gluon-page-rule takes VARIANT:16 or VARIANT:32 with --gluon-format page, got {item!r}")
+            gluon_decode.gluon_variant(v)
+            gluon_decode.check_gluon_key_page(v)
+            gluon_decode.check_gluon_key_groups(v, block_n=int(bn), k_group=16)
+            rules.append((v, int(bn)))
+        meta["gluon_page_rules"] = [f"{v}@{bn}" for v, bn in rules]
         shapes = SHAPES if args.shapes == "all" else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
         rows = []
         for b, ctx in shapes:
@@ -1315,7 +1358,7 @@ def main() -> None:
                 try:
                     rows.append(bench_gluon(bits, b, ctx, 24e9, gvars, gwaves, meta["gluon_mode"],
                                             args.gluon_max_splits, args.gluon_format, args.gluon_block_n,
-                                            args.gluon_fit))
+                                            args.gluon_fit, tuple(rules)))
                 except Exception:  # noqa: BLE001
                     log(traceback.format_exc())
                     rows.append({"batch": b, "ctx": ctx, "bits": bits, "error": traceback.format_exc()[-2000:]})
