@@ -205,15 +205,19 @@ def test_ncu_report_reads_units_by_their_names(tmp_path):
         ncu_report.load(tmp_path / "bad.txt").sm_ghz
 
 
-def test_page_rule_column_patches_the_launchers_page_rule_and_restores_it():
+def test_page_rule_column_patches_the_launchers_page_rule_and_restores_it(monkeypatch):
     """``--gluon-page-rule``: the candidate column's tuning is the launcher's own with the page-grid
-    rule taking the Gluon stage 1 at INT2 (the variant on the asked tile), and nothing stays patched."""
+    rule taking the Gluon stage 1 at INT2 (the variant on the asked tile), and nothing stays patched.
+    Tried from session 25's rule (INT4 only, 16-token tiles), the one session 29's column replaced."""
     dec = bench_decode._dec
+    monkeypatch.setattr(dec, "GLUON_DEFAULT_PAGE_BITS", (4,))
+    monkeypatch.setattr(dec, "GLUON_DEFAULT_PAGE_VARIANT", "dnp_r128fslw")
+    monkeypatch.setattr(dec, "GLUON_DEFAULT_PAGE_BLOCK_N", 16)
     before = (dec.GLUON_DEFAULT_PAGE_BITS, dec.GLUON_DEFAULT_PAGE_VARIANT, dec.gluon_block_n)
-    assert 2 not in dec.GLUON_DEFAULT_PAGE_BITS
     kw = dict(batch=8, num_kv_heads=8, group=4, head_dim=128, bits=2, k_group=16, v_group=64, key_page=True,
               device=__import__("torch").device("cpu"), capability=(9, 0))
     assert "page-grid key ranges" in dec.gluon_default_reason(block_n=16, **kw)
+    assert dec.gluon_block_n(32, 16, True) == 16
     with bench_decode._page_rule("dnp_r128fslwn", 32):
         assert dec.gluon_block_n(32, 16, True) == 32 and dec.gluon_block_n(32, 32, True) == 32
         reason = dec.gluon_default_reason(block_n=32, **kw)
@@ -224,3 +228,4 @@ def test_page_rule_column_patches_the_launchers_page_rule_and_restores_it():
     with bench_decode._page_rule("dnp_r128fslwn", 16):
         assert dec.gluon_block_n(32, 16, True) == 16
     assert (dec.GLUON_DEFAULT_PAGE_BITS, dec.GLUON_DEFAULT_PAGE_VARIANT, dec.gluon_block_n) == before
+    assert dec.gluon_block_n(32, 16, True) == 16

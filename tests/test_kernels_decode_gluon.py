@@ -411,6 +411,25 @@ def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, mer
     assert err_unfused < 1e-6, f"vs the unfused path: relative RMS {err_unfused:.2e}"
 
 
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
+def test_gluon_page_default_step_runs_right_on_the_cpu():
+    """The page-grid default's whole step (``GLUON_DEFAULT_PAGE_VARIANT`` on
+    ``GLUON_DEFAULT_PAGE_BLOCK_N``-token tiles over two key groups of 16, the INT2 server default's
+    format, layer norm, the merge by the launcher's rule), its source executed by the numpy stand-in:
+    the same staged bits and token scales as the fused Triton step, its output within the variant's
+    bound of the Triton step's and 1e-6 of the same variant unfused."""
+    assert kdecode.gluon_block_n(32, INT2_FORMAT["k_group"], True) == kdecode.GLUON_DEFAULT_PAGE_BLOCK_N
+    same, st, err, err_unfused = _numpy_check_module().check_step(
+        2, "layer", None, kdecode.GLUON_DEFAULT_PAGE_VARIANT, fmt=INT2_FORMAT, block_n=kdecode.GLUON_DEFAULT_PAGE_BLOCK_N,
+        lens=(300, 97, 200, 64))  # lens - 1 no multiple of the page: the new token lands in an open page
+    assert same, "the fused write staged other bits than the Triton step's"
+    assert st <= 2.4e-7, f"token scales differ by {st:.1e} (relative)"
+    assert err < _bound(kdecode.GLUON_DEFAULT_PAGE_VARIANT, 2, 1e-3), f"vs the Triton step: relative RMS {err:.2e}"
+    assert err_unfused < 1e-6, f"vs the unfused path: relative RMS {err_unfused:.2e}"
+
+
 def test_gluon_variants_are_checked(nan_empty):
     """The sweep's variant names and knobs: unknown names and out-of-range knobs are refused with
     the allowed values, before any launch (so also where Gluon cannot run)."""
@@ -631,7 +650,7 @@ def _default_rule_args(**over):
 
 def test_the_gluon_default_rule(monkeypatch):
     """Where the default decode takes the Gluon stage 1 (``gluon_default_reason``): from 32 to 1024
-    (request, KV head) pairs, group key ranges (page-grid ones at INT4, G_K 16), a shape the Gluon stage 1 reads, sm_90, Triton
+    (request, KV head) pairs, group key ranges or page-grid ones at G_K 16, a shape the Gluon stage 1 reads, sm_90, Triton
     3.6's Gluon, unless OSCAR_SGL_GLUON_DECODE=0; every other case names why not. Here (CPU) the
     launcher's own tuning stays on the Triton stage 1."""
     monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV, raising=False)
@@ -648,17 +667,27 @@ def test_the_gluon_default_rule(monkeypatch):
     assert "1032 (request, KV head) pairs" in reason(**_default_rule_args(batch=129))
     assert reason(**_default_rule_args(batch=63)) is None
     assert reason(**_default_rule_args(batch=128)) is None
-    # page-grid key ranges (G_K 16): 16-token Gluon tiles at the bit widths GLUON_DEFAULT_PAGE_BITS
-    # names (INT4, measured faster), else Triton (INT2)
+    # page-grid key ranges (G_K 16): Gluon tiles of GLUON_DEFAULT_PAGE_BLOCK_N tokens (32: two key
+    # groups each, since session 29) at the bit widths GLUON_DEFAULT_PAGE_BITS names (INT2 and INT4),
+    # else Triton
     page = dict(key_page=True, k_group=16, v_group=64)
-    assert kdecode.GLUON_DEFAULT_PAGE_BITS == (4,)
-    assert "page-grid key ranges (key_ranges='page') at 2 bits" in reason(**_default_rule_args(**page, block_n=16))
-    assert reason(**_default_rule_args(**page, block_n=16, bits=4)) is None
+    assert kdecode.GLUON_DEFAULT_PAGE_BITS == (2, 4) and kdecode.GLUON_DEFAULT_PAGE_BLOCK_N == 32
+    for bits in (2, 4):
+        assert reason(**_default_rule_args(**page, block_n=32, bits=bits)) is None, bits
     assert "measured at k_group=16 only" in reason(**_default_rule_args(**{**page, "k_group": 32}, bits=4))
-    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())
-    assert "page-grid" in reason(**_default_rule_args(**page, block_n=16, bits=4))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (4,))
+    assert "page-grid key ranges (key_ranges='page') at 2 bits" in reason(**_default_rule_args(**page, block_n=32))
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())
+    assert "page-grid" in reason(**_default_rule_args(**page, block_n=32, bits=4))
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (2, 4))
+    # a page variant that takes one key group per tile refuses the 32-token tile (the rule says why)
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_VARIANT", "dnp_r128fslwnk")
+    assert "one key group per tile" in reason(**_default_rule_args(**page, block_n=32))
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_VARIANT", "dnp_r128fslwn")
+    assert kdecode.gluon_block_n(32, 16, True) == 32 and kdecode.gluon_block_n(32, 32, True) == 32
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BLOCK_N", 16)
     assert kdecode.gluon_block_n(32, 16, True) == 16 and kdecode.gluon_block_n(32, 32, True) == 32
+    monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BLOCK_N", 32)
     assert kdecode.gluon_block_n(32, 16, False) == 32 and kdecode.gluon_block_n(64, 16, True) == 64
     assert "head_dim" in reason(**_default_rule_args(head_dim=64))
     assert "v_group" in reason(**_default_rule_args(v_group=8))
@@ -695,19 +724,18 @@ def test_the_gluon_default_rule(monkeypatch):
         assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
         n = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
         assert n == kdecode.pick_num_splits(batch, 8, waves=waves, resident=resident)
-    # the page-grid format's tuning: the same splits on 16-token Gluon tiles
+    # the page-grid format's tuning: the same splits on the page default's 32-token Gluon tiles
     monkeypatch.setattr(kdecode, "gluon_default_reason", _real_reason)
     monkeypatch.setattr(gluon_decode, "gluon_available", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     for bits in (2, 4):
-        flag = bits == 4
         t = kdecode._launch_tuning(8, 8, 128, 128, group=4, bits=bits, k_group=16, v_group=64, key_page=True,
                                    device=torch.device("cuda"))
-        assert (t.gluon, t.block_n) == ((True, 16) if flag else (False, 32)), bits
-        if flag:
-            assert t.gluon_variant == kdecode.GLUON_DEFAULT_PAGE_VARIANT
-            gluon_decode.check_gluon_key_page(t.gluon_variant)
-            assert t.resident == kdecode.GLUON_RESIDENT
+        assert (t.gluon, t.block_n) == (True, kdecode.GLUON_DEFAULT_PAGE_BLOCK_N), bits
+        assert t.gluon_variant == kdecode.GLUON_DEFAULT_PAGE_VARIANT
+        gluon_decode.check_gluon_key_page(t.gluon_variant)
+        gluon_decode.check_gluon_key_groups(t.gluon_variant, block_n=t.block_n, k_group=16)
+        assert t.resident == kdecode.GLUON_RESIDENT
         page_layer = types.SimpleNamespace(bits=bits, k_ranges=object(), k_group=16, v_group=64)
         n = kdecode.decode_num_splits(8, 8, 128, 128, layer=page_layer, num_q_heads=32, device="cuda")
         assert n == kdecode.pick_num_splits(8, 8, waves=16.0, resident=t.resident), bits
@@ -738,8 +766,9 @@ def test_the_gluon_default_rule(monkeypatch):
 def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_empty):
     """8 requests at 8 KV heads (64 pairs) on an sm_90 GPU: the launcher's own choice is the Gluon
     step (``GLUON_DEFAULT_VARIANT``, bit-identical to asking for it), for the paper format, and for
-    page-grid key ranges on 16-token tiles at the bit widths ``GLUON_DEFAULT_PAGE_BITS`` names
-    (INT4; else, as for the INT2 serving format, the Triton step); with OSCAR_SGL_GLUON_DECODE=0 the fused Triton step
+    page-grid key ranges (``GLUON_DEFAULT_PAGE_VARIANT`` on ``GLUON_DEFAULT_PAGE_BLOCK_N``-token tiles)
+    at the bit widths ``GLUON_DEFAULT_PAGE_BITS`` names (INT2 and INT4; else the Triton step), where
+    it agrees with the fused Triton step; with OSCAR_SGL_GLUON_DECODE=0 the fused Triton step
     (bit-identical to the explicit Triton tuning)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon default is taken on sm_90 only")
@@ -759,15 +788,17 @@ def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_
     for bits in (2, 4):
         page_cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT)  # page-grid ranges, G_K 16, G_V 64
         _, out_page = _step_with_write(page_cfg, gluon=None, lens=lens)
-        if bits in kdecode.GLUON_DEFAULT_PAGE_BITS:  # the Gluon default on 16-token tiles (one key group each)
-            tune = dict(gluon_variant=kdecode.GLUON_DEFAULT_PAGE_VARIANT, block_n=16)
+        _, out_page_triton = _step_with_write(page_cfg, gluon=False, lens=lens)
+        if bits in kdecode.GLUON_DEFAULT_PAGE_BITS:  # the Gluon default (32-token tiles: two key groups each)
+            tune = dict(gluon_variant=kdecode.GLUON_DEFAULT_PAGE_VARIANT, block_n=kdecode.GLUON_DEFAULT_PAGE_BLOCK_N)
             _, out_page_expected = _step_with_write(page_cfg, gluon=True, lens=lens, tune=tune)
+            err = rel_rms(out_page, out_page_triton)
+            assert err < _bound(kdecode.GLUON_DEFAULT_PAGE_VARIANT, bits, 1e-3), (bits, err)
         else:
-            _, out_page_expected = _step_with_write(page_cfg, gluon=False, lens=lens)
+            out_page_expected = out_page_triton
         assert torch.equal(out_page, out_page_expected), bits
         monkeypatch.setenv(kdecode.GLUON_DEFAULT_ENV, "0")
         _, out_page_off = _step_with_write(page_cfg, gluon=None, lens=lens)
-        _, out_page_triton = _step_with_write(page_cfg, gluon=False, lens=lens)
         assert torch.equal(out_page_off, out_page_triton), bits
         monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV)
 

@@ -493,17 +493,26 @@ GLUON_DEFAULT_PAIRS = (32, 1024)
 #: (kernels_gluon_s22/splits.md).
 GLUON_RESIDENT = 16
 #: The bit widths at which the default rule takes the Gluon stage 1 for page-grid key ranges
-#: (G_K 16, so 16-token Gluon tiles: ``gluon_block_n``). H200, session 25, whole steps against the
-#: fused Triton step with ``GLUON_DEFAULT_PAGE_VARIANT``: INT4 1.02-1.04x at 4-8 requests of 4K-8K
-#: tokens, 1.11-1.17x at (16, 8192) and 64-128 requests, 1.19-1.32x at 32K-64K, 0.90x at (32, 1024);
-#: INT2 (the server default's format) 0.97-0.98x at 4-8 requests of 4K-8K tokens and at 64-128
-#: requests, 1.04x at (16, 8192), 1.01-1.09x at 32K-64K, 0.90x at (32, 1024): INT2 stays on the
-#: Triton stage 1 (benches/results/kernels_gluon_s25/).
-GLUON_DEFAULT_PAGE_BITS = (4,)
-#: The Gluon variant the default takes for page-grid key ranges: on 16-token tiles (one key group
-#: each) folding the key params into the query costs more than it saves (H200, session 25: 2-8 %
-#: slower than ``dnp_r128fslw``).
-GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslw"
+#: (G_K 16; the tile: ``GLUON_DEFAULT_PAGE_BLOCK_N``). Session 25 (H200, 16-token tiles, the variant
+#: "dnp_r128fslw") took INT4 only: INT4 1.02-1.32x the fused Triton step, INT2 0.97-1.09x. Since
+#: session 29 INT2 too, on 32-token tiles with the lean INT2 form: H100, whole steps, the launcher's
+#: own split count, against the fused Triton step (benches/results/kernels_gluon_s29/): INT2
+#: 1.05-1.19x at 16-128 requests of 4K-64K tokens and 1.08-1.13x at 4-8 requests of 32K, 0.96-0.99x
+#: at 4-8 requests of 4K-8K and 0.88-0.90x at (32, 1024) (short contexts, where the paper format's
+#: Gluon default loses too); INT4 against the 16-token Gluon default: 1.00-1.01x (within the runs'
+#: spread) at 4-32 requests of 1K-8K, 1.02-1.03x at 32K-64K tokens and (32, 4096), 1.04-1.06x at
+#: 64-128 requests.
+GLUON_DEFAULT_PAGE_BITS = (2, 4)
+#: The Gluon variant the default takes for page-grid key ranges: the lean INT2 form (two
+#: instructions per code pair; at INT4 the same kernel as "dnp_r128fslw"). Keys dequantized rather
+#: than folded into the query: on 16-token tiles folding cost more than it saved (H200, session 25:
+#: 2-8 %), and on 32-token tiles two key groups per tile need dequantized keys
+#: (``check_gluon_key_groups``).
+GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwn"
+#: The Gluon default's tile for page-grid key ranges at G_K 16: 32 tokens, two key groups per tile
+#: (the per-tile costs spread over twice the tokens: 889 instead of 2 x 523 instructions per 32
+#: INT2 tokens, sm_90 SASS); 16 (one key group per tile) until session 29.
+GLUON_DEFAULT_PAGE_BLOCK_N = 32
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 
@@ -527,8 +536,8 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
     if not lo <= pairs <= hi:
         return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi}, where it was measured faster"
     if key_page and bits not in GLUON_DEFAULT_PAGE_BITS:
-        return (f"page-grid key ranges (key_ranges='page') at {bits} bits: the Gluon stage 1 reads them (opt-in, "
-                f"16-token tiles) but was measured faster at {' and '.join(map(str, GLUON_DEFAULT_PAGE_BITS)) or 'no'} "
+        return (f"page-grid key ranges (key_ranges='page') at {bits} bits: the Gluon stage 1 reads them (opt-in) "
+                f"but was measured faster at {' and '.join(map(str, GLUON_DEFAULT_PAGE_BITS)) or 'no'} "
                 f"bits only")
     if key_page and k_group != 16:
         return (f"page-grid key ranges with k_group={k_group}: the Gluon default for them was measured at k_group=16 "
@@ -558,7 +567,7 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
                    k_group: int, v_group: int, key_page: bool, device: torch.device) -> _DecodeTuning:
     """The launcher's tuning when the caller passes none: ``_default_tuning``, with the Gluon stage 1
     (``GLUON_DEFAULT_VARIANT``; for page-grid key ranges ``GLUON_DEFAULT_PAGE_VARIANT`` on
-    ``gluon_block_n``'s 16-token tiles) where ``gluon_default_reason`` allows it, its split count balanced
+    ``gluon_block_n``'s tiles) where ``gluon_default_reason`` allows it, its split count balanced
     over whole waves of ``GLUON_RESIDENT`` programs per SM where the Triton tuning balances over 8
     (from 512 pairs on; the same split count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
@@ -572,12 +581,13 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
 
 
 def gluon_block_n(block_n: int, k_group: int, key_page: bool) -> int:
-    """The Gluon default's tile: the Triton tuning's ``block_n``, except 16 for page-grid key ranges
-    at G_K 16 (the format and tile measured: one key group per tile; 32-token tiles over two key
-    groups, ``check_gluon_key_groups``, are opt-in until a GPU run times them). Elsewhere a tile the
-    Gluon stage 1 cannot take (e.g. group key ranges at G_K 16: 32 tokens span two groups, which
-    ``GLUON_DEFAULT_VARIANT`` does not do) keeps the Triton stage 1 (``gluon_default_reason``)."""
-    return 16 if key_page and k_group == 16 and block_n == 32 else block_n
+    """The Gluon default's tile: the Triton tuning's ``block_n``, except ``GLUON_DEFAULT_PAGE_BLOCK_N``
+    for page-grid key ranges at G_K 16 where the Triton tile is 32 (the format and tiles measured: 32
+    tokens over two key groups, ``check_gluon_key_groups``, since session 29; 16, one key group per
+    tile, before). Elsewhere a tile the Gluon stage 1 cannot take (e.g. group key ranges at G_K 16: 32
+    tokens span two groups, which ``GLUON_DEFAULT_VARIANT`` does not do) keeps the Triton stage 1
+    (``gluon_default_reason``)."""
+    return GLUON_DEFAULT_PAGE_BLOCK_N if key_page and k_group == 16 and block_n == 32 else block_n
 
 
 def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int,
@@ -618,7 +628,7 @@ def oscar_decode_attention(
     with few splits the last program of each (request, KV head) merges them: one launch per layer
     and step. On an sm_90 GPU with Triton 3.6, from 32 to 1024 (request, KV head) pairs and the
     formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
-    (``GLUON_DEFAULT_VARIANT``, ``GLUON_DEFAULT_PAGE_VARIANT`` for page-grid key ranges at INT4: the
+    (``GLUON_DEFAULT_VARIANT``, ``GLUON_DEFAULT_PAGE_VARIANT`` for page-grid key ranges: the
     write, the query rotation and with few splits the merge in its launch too, else a merge launch
     after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.
 

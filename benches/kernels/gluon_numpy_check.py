@@ -404,9 +404,10 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
     or a ``GluonVariant``. ``window_left``: a sliding-window layer's window, or None."""
     var = variant if isinstance(variant, G.GluonVariant) else G.gluon_variant(variant)
     args = kdecode.named_pool_arguments(pool.layer)
+    base = var.name.removesuffix("_unfused")  # check_step's unfused copy: its registered form's checks
     if args["KEY_PAGE"]:
-        G.check_gluon_key_page(var.name)  # the launcher's check (a GluonVariant: by its name's registered form)
-    G.check_gluon_key_groups(var.name, block_n=block_n, k_group=args["G_K"])
+        G.check_gluon_key_page(base)  # the launcher's check (a GluonVariant: by its name's registered form)
+    G.check_gluon_key_groups(base, block_n=block_n, k_group=args["G_K"])
     b, hq, d = q_rot.shape
     h = args["H"]
     n_part = part_o.shape[2]
@@ -546,7 +547,8 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
     return err, agree
 
 
-def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 64), h=8, g=4, merge=None):
+def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 64), h=8, g=4, merge=None, fmt=None,
+               block_n=None):
     """A whole decode step of a ``fused`` variant (its query rotation, the new token's write and the
     partials rotated back, then the plain merge) against the fused Triton step (Triton's
     interpreter) on copies of one pool: the staged keys and values (bits), the token scales (max
@@ -554,12 +556,13 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     write launch with the query rotation, the stage 1 on rotated queries, the rotating merge), which
     rounds exactly as it does but for the merge's order. The last request is padding (its token goes
     to page 0, which has no staging slot). ``merge``: the merge in the launch (None: the launcher's
-    rule). Returns (staging equal, s_t max rel. diff, output rel.
-    RMS vs the Triton step, vs the unfused path)."""
+    rule). ``fmt``: fields over PAPER_FORMAT (e.g. ``INT2_FORMAT``: page-grid key ranges);
+    ``block_n``: the Gluon tile (None: the Triton tuning's). Returns (staging equal, s_t max rel.
+    diff, output rel. RMS vs the Triton step, vs the unfused path)."""
     from oscar_sgl.kernels import oscar_decode_attention, oscar_write_kv
 
     d, p = 128, 128
-    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **PAPER_FORMAT)
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **{**PAPER_FORMAT, **(fmt or {})})
     pools = [build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], device=torch.device("cpu"), seed=seed,
                         key_rotated=key_rotated) for _ in range(3)]
     seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32)
@@ -581,7 +584,8 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     pool.seq_lens = seq_lens
     out = torch.full(q.shape, float("nan"))
     merge_in = _merge_in_launch(n_split, g, d) if merge is None else merge
-    run_stage1(pool, q_scratch, g, part_o, part_lse, tune.block_n, min(p, 32), sm, variant=variant,
+    bn = block_n or tune.block_n
+    run_stage1(pool, q_scratch, g, part_o, part_lse, bn, min(p, 32), sm, variant=variant,
                fused={"q": q, "new_k": k_new, "new_v": v_new, "new_loc": loc, "staging_scale": pool.staging_scale,
                       "key_rotated": pool.layer.key_rotated, "rotation": cfg.rotation, **({"out": out} if merge_in else {})})
     if not merge_in:
@@ -594,14 +598,14 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
                            q_rot_out=torch.empty(q.shape), key_rotated=lay.key_rotated)  # fmt: skip
     part_o2, part_lse2, _, _ = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
     unfused = dataclasses.replace(G.gluon_variant(variant), name=variant + "_unfused", fused=False)
-    run_stage1(un, q_rot, g, part_o2, part_lse2, tune.block_n, min(p, 32), sm, variant=unfused)
+    run_stage1(un, q_rot, g, part_o2, part_lse2, bn, min(p, 32), sm, variant=unfused)
     out_un = torch.empty(q.shape)
     kdecode.merge_launch(part_o2, part_lse2, out_un, rotation=cfg.rotation)
     same = (torch.equal(pool.layer.staging_k.view(torch.int16), pools[1].layer.staging_k.view(torch.int16))
             and torch.equal(pool.layer.staging_v.view(torch.int16), pools[1].layer.staging_v.view(torch.int16)))
     st = ((pool.staging_scale - pools[1].staging_scale).abs() / pools[1].staging_scale.abs().clamp_min(1e-30)).max().item()
     err, err_un = rel_rms(out, tri), rel_rms(out, out_un)
-    print(f"{variant} step INT{bits} {scope} key_rotated={key_rotated}: staging equal {same}, s_t max rel. diff "
+    print(f"{variant} step INT{bits} {scope} key_rotated={key_rotated} block_n={bn} {fmt or ''}: staging equal {same}, s_t max rel. diff "
           f"{st:.1e}, output vs the Triton step {err:.2e} (16-token open-page tiles round its probabilities "
           f"to bf16 against other running maxima than 32-token ones), vs the unfused path {err_un:.2e}")
     return same, st, err, err_un

@@ -9,12 +9,14 @@ reference's dequantization replaced by the kernels' fp16 arithmetic.
   scale))`` with ``M`` = 16 for the even channels of a code word's halves and 4 for the odd ones
   (code ``i`` of a half at mantissa bit 6 or 8): the folded offset rounded to fp16 once.
 
-Keys and values alike (the kernel dequantizes both that way), INT2 in the paper's format (group key
-ranges: the only INT2 format the Gluon stage 1 runs). The channel order of the rotated head dim is
-the layout's: channel ``c`` is code ``c % 8`` of its half, so ``M`` follows ``c % 2``.
+Keys and values alike (the kernel dequantizes both that way), INT2, in the paper's format (group key
+ranges) or, with ``--format page``, the INT2 server default's (``config.INT2_FORMAT``: page-grid key
+ranges, G_K 16, G_V 64, offset min, clip values; the Gluon default's format there since session 29).
+The channel order of the rotated head dim is the layout's: channel ``c`` is code ``c % 8`` of its
+half, so ``M`` follows ``c % 2``.
 
     OMP_NUM_THREADS=2 python benches/quality/lean_offsets.py --text ../shared/eval-data/austen_emma.txt \\
-        --windows 4 --json benches/results/quality_lean_offsets.json
+        --windows 4 --json benches/results/quality_lean_offsets.json [--format page]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from oscar_sgl import cli
 from oscar_sgl import reference as R
+from oscar_sgl.config import INT2_FORMAT
 
 _ORIG = {"unpack_k": R.unpack_k, "unpack_v": R.unpack_v}
 
@@ -75,8 +78,19 @@ def main() -> int:
     ap.add_argument("--score-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", required=True)
+    ap.add_argument("--format", choices=("paper", "page"), default="paper",
+                    help="paper: group key ranges, G_K = G_V = 32, offset integer, clip none (the paper's); page: "
+                         "config.INT2_FORMAT (page-grid key ranges, G_K 16, G_V 64, offset min, clip values)")
     args = ap.parse_args()
-    out = {"text": args.text, "windows": args.windows, "prefix_tokens": args.prefix_tokens,
+    if args.format == "page":
+        f = INT2_FORMAT
+        fmt_args = ["--key-ranges", str(f["key_ranges"]), "--k-group", str(f["k_group"]), "--v-group",
+                    str(f["v_group"]), "--offset", str(f["offset"]), "--clip", str(f["clip"])]
+    else:
+        fmt_args = ["--key-ranges", "group", "--k-group", "32", "--v-group", "32", "--offset", "integer", "--clip",
+                    "none"]
+    out = {"text": args.text, "format": args.format, "format_args": fmt_args, "windows": args.windows,
+           "prefix_tokens": args.prefix_tokens,
            "score_tokens": args.score_tokens, "modes": {}}
     for mode in ("fp32", "fp16", "lean"):
         if mode == "fp32":
@@ -87,8 +101,7 @@ def main() -> int:
             path = Path(tmp) / "ppl.json"
             rc = cli.main(["eval", "ppl", "--text", args.text, "--windows", str(args.windows), "--prefix-tokens",
                            str(args.prefix_tokens), "--score-tokens", str(args.score_tokens), "--bits", "2",
-                           "--methods", "oscar", "--key-ranges", "group", "--k-group", "32", "--v-group", "32",
-                           "--offset", "integer", "--clip", "none", "--threads", str(args.threads), "--no-progress",
+                           "--methods", "oscar", *fmt_args, "--threads", str(args.threads), "--no-progress",
                            "--json", str(path)])
             if rc:
                 return rc
