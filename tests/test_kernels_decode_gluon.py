@@ -269,6 +269,22 @@ def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
+def test_gluon_page_default_tiles_take_a_sliding_window_on_the_cpu():
+    """The page-grid default (``GLUON_DEFAULT_PAGE_VARIANT`` on 32-token tiles over two key groups)
+    on a sliding-window layer: a window that starts inside a sealed page, past tile boundaries, INT2
+    and INT4, the numpy stand-in against the reference and the Triton kernel."""
+    chk = _numpy_check_module()
+    variant, bn = kdecode.GLUON_DEFAULT_PAGE_VARIANT, kdecode.GLUON_DEFAULT_PAGE_BLOCK_N
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 1, 4, 128, [1, 127, 384, 259, 517], {2}, "layer", bn, 3, bits + 30, variant,
+                               window_left=135, fmt=_PAGE_FORMAT)
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"INT{bits} window vs reference: {err:.2e}"
+        assert agree < _bound(variant, bits, 1e-3), f"INT{bits} window vs Triton: relative RMS {agree:.2e}"
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
 @pytest.mark.parametrize("k_group", [32, 64])
 def test_gluon_reads_wider_page_grid_key_groups_right_on_the_cpu(k_group):
     """Page-grid key ranges over key groups of 32 and 64 tokens on 32-token tiles (one group per
