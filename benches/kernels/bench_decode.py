@@ -116,6 +116,11 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
+#: token-scale columns of the pools OscarSetup builds: 1, the layer norm scope (the default); H,
+#: per KV head (``--oscar-norm-scope head``). benches/kernels/write_share.py --scale-cols sets it.
+SCALE_COLS = 1
+
+
 class OscarSetup:
     def __init__(self, bits: int, batch: int, ctx: int, copies: int, seed: int = 0, k_group: int = 32, v_group: int = 32,
                  key_page: bool = False):
@@ -143,11 +148,11 @@ class OscarSetup:
         vp[:, :, :, 0].uniform_(0.05, 0.5, generator=g)
         vp[:, :, :, 1].uniform_(-1.0, 0.0, generator=g)
         self.k_params, self.v_params = kp.half(), vp.half()
-        self.scale = torch.empty(npages, P, 1, device=DEV).uniform_(0.5, 50.0, generator=g)
+        self.scale = torch.empty(npages, P, SCALE_COLS, device=DEV).uniform_(0.5, 50.0, generator=g)
         ns = copies * batch
         self.staging_k = (torch.randn(ns, H, P, D, device=DEV, generator=g) * 0.3).bfloat16()
         self.staging_v = torch.randn(ns, H, P, D, device=DEV, generator=g).bfloat16()
-        self.staging_scale = torch.ones(ns, P, 1, device=DEV)
+        self.staging_scale = torch.ones(ns, P, SCALE_COLS, device=DEV)
         self.p2s = torch.full((npages,), -1, dtype=torch.int32, device=DEV)
         perm = torch.randperm(npages - 1, device=DEV, generator=g) + 1
         self.indptr, self.pages, self.seq_lens = [], [], []

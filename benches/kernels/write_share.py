@@ -25,6 +25,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="64x4096,32x8192,8x32768", help="BxCTX,... (requests x tokens)")
     ap.add_argument("--bits", default="2", help="comma-separated bit widths")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--scale-cols", default="1", help="comma-separated token-scale columns of the pool: 1 (the layer norm "
+                    "scope, the default: one program per request computes s_t over every head's key) or 8 (per KV head)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     bench = runpy.run_path(str(Path(__file__).with_name("bench_decode.py")))  # its helpers, not its main
@@ -34,7 +36,11 @@ def main() -> int:
     for v in variants:
         gluon_decode.gluon_variant(v)  # unknown names fail here, before any timing
     rows = []
-    for bits in (int(b) for b in args.bits.split(",")):
+    for cols in (int(c) for c in args.scale_cols.split(",")):
+        if cols not in (1, bench["H"]):
+            raise SystemExit(f"--scale-cols: 1 or {bench['H']}, got {cols}")
+    for cols, bits in ((int(c), int(b)) for c in args.scale_cols.split(",") for b in args.bits.split(",")):
+        bench["OscarSetup"].__init__.__globals__["SCALE_COLS"] = cols
         for shape in args.shapes.split(","):
             b, ctx = (int(x) for x in shape.split("x"))
             for _ in range(args.repeats):
@@ -42,9 +48,9 @@ def main() -> int:
                     decode.GLUON_DEFAULT_VARIANT = v
                     r = bench["bench_oscar"](bits, b, ctx, [bench["VARIANTS"][0]], 24e9, extras=True)
                     us, nowrite = r["best"]["us"], r["nowrite_us"]
-                    rows.append({"bits": bits, "batch": b, "ctx": ctx, "variant": v, "step_us": us,
+                    rows.append({"scale_cols": cols, "bits": bits, "batch": b, "ctx": ctx, "variant": v, "step_us": us,
                                  "nowrite_us": nowrite, "write_us": us - nowrite, "unfused_us": r["unfused_us"]})
-                    print(f"RESULT INT{bits} ({b},{ctx}) {v}: step {us:.1f} us, without write {nowrite:.1f} us, "
+                    print(f"RESULT INT{bits} S={cols} ({b},{ctx}) {v}: step {us:.1f} us, without write {nowrite:.1f} us, "
                           f"write {us - nowrite:.2f} us ({(us - nowrite) / us * 100:.1f} %), unfused {r['unfused_us']:.1f}",
                           flush=True)
     if args.out:
