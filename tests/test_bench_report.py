@@ -78,6 +78,26 @@ def test_a_failing_peer_decides_nothing_and_the_report_renders():
     assert "kernels_history.md" in md
 
 
+def test_the_servers_int2_format_gets_its_own_target_rows_and_table():
+    # the paper-format INT2 row at 100 us; the server's default format (page-grid key ranges) 80 us:
+    # 250 / 80 = 3.125x SDPA, its own row against the same 4x target, and a table naming the format
+    res = _run(250.0, {"us": 250.0}, 1.2)
+    res["shapes"][0]["int2_served"] = {"us": 80.0, "effective_bits": 2.96, "stage1": "gluon:dnp_r128fslwn"}
+    t = _table(res)
+    row = t["INT2 decode in the server's default format vs SDPA BF16 at (8, 32768)"]
+    assert row["measured"] == "3.12x" and row["met"] is False
+    assert t["INT2 decode in the server's default format vs SDPA BF16 at (16, 65536)"]["met"] is None
+    md = bench_decode.markdown(res, bench_decode.summarize(res))
+    assert "## INT2 in the server's default format" in md
+    assert "| 8 | 32768 | 80.0 | 2.960 | gluon:dnp_r128fslwn | 3.12 | 100.0 | 0.80 |" in md
+    assert bench_decode.SERVED_INT2_FORMAT[1:] == (16, 64, True)  # config.INT2_FORMAT, as the server stores it
+    # a failed measurement is told, not dropped, and decides no target
+    res["shapes"][0]["int2_served"] = {"error": "RuntimeError: out of memory"}
+    t = _table(res)
+    assert t["INT2 decode in the server's default format vs SDPA BF16 at (8, 32768)"]["met"] is None
+    assert "| 8 | 32768 | failed |" in bench_decode.markdown(res, bench_decode.summarize(res))
+
+
 # ---- "Where the time goes" (benches/kernels/ncu_report.py) on Nsight Compute reports kept from GPU runs
 
 ncu_report = pytest.importorskip("ncu_report")
