@@ -391,7 +391,8 @@ def test_decode_gpu_page_key_ranges(bits, block_n, transposed, nan_empty):
     tune = None if block_n is None else dict(block_n=block_n, transposed=transposed)
     out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=tune)
     err = rel_rms(out, ref)
-    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+    # the default (None): on sm_90 the Gluon page default, lean at INT2 (its own bound)
+    assert err < (ATTN_BOUND_FP32_OUT if tune else default_decode_bound(bits, cfg=cfg)), f"relative RMS {err:.2e}"
 
 
 @gpu
@@ -413,7 +414,9 @@ def test_decode_gpu_real_sizes(bits, block_n, num_warps, transposed, nan_empty):
     tune = None if block_n is None else dict(block_n=block_n, num_warps=num_warps, transposed=transposed)
     out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=tune)
     err = rel_rms(out, ref)
-    assert err < ATTN_BOUND_FP32_OUT, f"relative RMS {err:.2e}"
+    # the default (None): INT2 stores page-grid key ranges (config.INT2_FORMAT), which on sm_90 take
+    # the Gluon page default, lean at INT2 (its own bound)
+    assert err < (ATTN_BOUND_FP32_OUT if tune else default_decode_bound(bits, cfg=cfg)), f"relative RMS {err:.2e}"
     out16 = _decode(pool, q, tune=tune)
     assert rel_rms(out16, ref) < ATTN_BOUND_BF16_OUT
 
@@ -432,7 +435,7 @@ def test_decode_gpu_per_head_key_rotation_plan(bits, nan_empty):
     q = torch.randn(len(lens), 32, 128).bfloat16().to(DEVICE)
     out = _decode(pool, q, out=torch.full(q.shape, float("nan"), device=DEVICE))
     err = rel_rms(out, reference_decode(pool, q, 1.0 / math.sqrt(128)))
-    assert err < default_decode_bound(bits), f"relative RMS {err:.2e}"
+    assert err < default_decode_bound(bits, cfg=cfg), f"relative RMS {err:.2e}"
 
 
 @gpu

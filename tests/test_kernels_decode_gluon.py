@@ -16,7 +16,7 @@ import types
 
 import pytest
 import torch
-from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu,
+from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu, lens_before_write,
                                  needs_cuda, reference_decode, rel_rms, variant_bound)
 
 from oscar_sgl import reference as R
@@ -435,11 +435,12 @@ def test_gluon_page_default_step_runs_right_on_the_cpu():
     ``GLUON_DEFAULT_PAGE_BLOCK_N``-token tiles over two key groups of 16, the INT2 server default's
     format, layer norm, the merge by the launcher's rule), its source executed by the numpy stand-in:
     the same staged bits and token scales as the fused Triton step, its output within the variant's
-    bound of the Triton step's and 1e-6 of the same variant unfused."""
+    bound of the Triton step's and 1e-6 of the same variant unfused; one request's new token opens a
+    fresh page."""
     assert kdecode.gluon_block_n(32, INT2_FORMAT["k_group"], True) == kdecode.GLUON_DEFAULT_PAGE_BLOCK_N
     same, st, err, err_unfused = _numpy_check_module().check_step(
         2, "layer", None, kdecode.GLUON_DEFAULT_PAGE_VARIANT, fmt=INT2_FORMAT, block_n=kdecode.GLUON_DEFAULT_PAGE_BLOCK_N,
-        lens=(300, 97, 200, 64))  # lens - 1 no multiple of the page: the new token lands in an open page
+        lens=(300, 129, 200, 64))  # request 1's new token opens a fresh page (slot 0; lens_before_write)
     assert same, "the fused write staged other bits than the Triton step's"
     assert st <= 2.4e-7, f"token scales differ by {st:.1e} (relative)"
     assert err < _bound(kdecode.GLUON_DEFAULT_PAGE_VARIANT, 2, 1e-3), f"vs the Triton step: relative RMS {err:.2e}"
@@ -532,7 +533,7 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
     request is padding (its token goes to page 0, mapped to -1; it attends to its cached tokens
     only). ``key_rotated``: the layer's key-rotation flags (``build_pool``). Returns (pool, output)."""
     d, p = 128, cfg.page_size
-    pool = build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], device=torch.device("cuda"), seed=seed,
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=lens_before_write(lens, p), device=torch.device("cuda"), seed=seed,
                       key_rotated=key_rotated)
     pool.seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(seed + 1)

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from support.kernel_data import build_pool, reference_decode, rel_rms  # noqa: E402
+from support.kernel_data import build_pool, lens_before_write, reference_decode, rel_rms  # noqa: E402
 
 from oscar_sgl.config import PAPER_FORMAT, OscarConfig  # noqa: E402
 from oscar_sgl.kernels import decode as kdecode  # noqa: E402
@@ -563,7 +563,7 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
 
     d, p = 128, 128
     cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **{**PAPER_FORMAT, **(fmt or {})})
-    pools = [build_pool(cfg, h=h, d=d, p=p, lens=[n - 1 for n in lens], device=torch.device("cpu"), seed=seed,
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens_before_write(lens, p), device=torch.device("cpu"), seed=seed,
                         key_rotated=key_rotated) for _ in range(3)]
     seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32)
     gen = torch.Generator().manual_seed(seed + 1)

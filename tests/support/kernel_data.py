@@ -46,11 +46,15 @@ def variant_bound(variant: str, bits: int, bound: float) -> float:
     return LEAN_BOUND if bits == 2 and gluon_decode.GLUON_VARIANTS[variant].lean_dequant else bound
 
 
-def default_decode_bound(bits: int, bound: float = ATTN_BOUND_FP32_OUT) -> float:
+def default_decode_bound(bits: int, bound: float = ATTN_BOUND_FP32_OUT, cfg: OscarConfig | None = None) -> float:
     """The bound of a default decode launch that may take the Gluon default (sm_90, 32-1024 (request,
-    KV head) pairs): ``variant_bound`` of ``decode.GLUON_DEFAULT_VARIANT``."""
+    KV head) pairs): ``variant_bound`` of ``decode.GLUON_DEFAULT_VARIANT``, or for a pool of
+    page-grid key ranges (``cfg.key_ranges == "page"``) of ``decode.GLUON_DEFAULT_PAGE_VARIANT`` at
+    the bit widths ``decode.GLUON_DEFAULT_PAGE_BITS`` names (else the Triton stage 1: ``bound``)."""
     from oscar_sgl.kernels import decode
 
+    if cfg is not None and cfg.key_ranges == "page":
+        return variant_bound(decode.GLUON_DEFAULT_PAGE_VARIANT, bits, bound) if bits in decode.GLUON_DEFAULT_PAGE_BITS else bound
     return variant_bound(decode.GLUON_DEFAULT_VARIANT, bits, bound)
 
 
@@ -128,6 +132,17 @@ class Pool:
     def pool_kwargs(self) -> dict:
         """The launchers' ``layer`` argument."""
         return dict(layer=self.layer)
+
+
+def lens_before_write(lens, p: int) -> list[int]:
+    """The cached lengths ``build_pool`` gets for a decode step whose requests reach ``lens`` with
+    the step's new token (the last request is padding: its token goes to page 0, it keeps
+    ``lens[-1] - 1`` tokens): ``n - 1``, except where the new token opens a fresh page
+    (``(n - 1) % p == 0``): ``n``, so that the request holds that page (open, in staging), as the
+    server allocates it before the step, its slot 0 a placeholder the write overwrites. (With ``n -
+    1`` there the request's pages would end one page short of ``n`` tokens and the step would read
+    a page that is not the request's.)"""
+    return [n if (n - 1) % p == 0 else n - 1 for n in lens[:-1]] + [lens[-1] - 1]
 
 
 def build_pool(
