@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import DEV, HQ, D, H, P, OscarSetup, parse_variant  # noqa: E402
 
+from oscar_sgl.config import INT2_FORMAT  # noqa: E402
 from oscar_sgl.kernels import decode as _dec  # noqa: E402
 from oscar_sgl.kernels import decode_workspace  # noqa: E402
 
@@ -39,21 +40,26 @@ def main() -> None:
     ap.add_argument("--waves", type=float, default=None,
                     help="with a gluon config: the split count of pick_num_splits(waves=W) instead of the launcher's "
                          "(as bench_decode.py's <variant>@w<W> columns)")
+    ap.add_argument("--format", choices=("group", "page"), default="group",
+                    help="the pool's key-range format: 'group' (the paper's, G_K = G_V = 32; default) or 'page' (the INT2 "
+                         "server default, config.INT2_FORMAT: page-grid key ranges, G_K 16, G_V 64)")
     args = ap.parse_args()
     batch, ctx = (int(x) for x in args.shape.split("x"))
+    page = args.format == "page"
+    fmt = dict(k_group=INT2_FORMAT["k_group"], v_group=INT2_FORMAT["v_group"], key_page=True) if page else \
+        dict(k_group=32, v_group=32, key_page=False)
     tune = _dec._default_tuning(batch, H, D, P)
     bn = 0
     if args.config == "default":  # what the backend's launch picks for this batch (Triton or the Gluon default)
-        tune = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, k_group=32, v_group=32,
-                                   key_page=False, device=torch.device(DEV))
+        tune = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, **fmt, device=torch.device(DEV))
         if args.waves is not None:
             tune = dataclasses.replace(tune, waves=args.waves)
     elif args.config.startswith("gluon"):
         variant = args.config.partition(":")[2] or "regs1"
         # the launcher's split rule for the Gluon default (waves of its resident programs from 512 pairs)
-        lt = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, k_group=32, v_group=32,
-                                 key_page=False, device=torch.device(DEV))
-        tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant, waves=lt.waves, resident=lt.resident)
+        lt = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, **fmt, device=torch.device(DEV))
+        tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant, waves=lt.waves, resident=lt.resident,
+                                   block_n=_dec.gluon_block_n(tune.block_n, fmt["k_group"], fmt["key_page"]))
         if args.waves is not None:
             tune = dataclasses.replace(tune, waves=args.waves)
     else:
@@ -62,13 +68,13 @@ def main() -> None:
         tune = dataclasses.replace(tune, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                    transposed=bool(tr))
     splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident)
-    st = OscarSetup(args.bits, batch, ctx, 1)
+    st = OscarSetup(args.bits, batch, ctx, 1, **fmt)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     run = st.call(0, tuning=tune, ws=ws, mode=args.mode)
     for _ in range(2):
         run()
     torch.cuda.synchronize()
-    print(f"profiled ({args.mode}): INT{args.bits} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
+    print(f"profiled ({args.mode}): INT{args.bits} format={args.format} B={batch} ctx={ctx} bn={tune.block_n} nw={tune.num_warps} ns={tune.num_stages} "
           f"splits={splits} maxnreg={tune.maxnreg} transposed={tune.transposed} gluon={tune.gluon} "
           f"variant={tune.gluon_variant if tune.gluon else 'triton'} sm_scale={1 / math.sqrt(D):.4f}")  # fmt: skip
 
