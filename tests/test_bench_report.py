@@ -162,11 +162,32 @@ def test_ncu_report_refuses_what_is_not_a_stage_1_profile(tmp_path, capsys):
     assert out.read_text().startswith("# report\n\n## Where the time goes")
 
 
+def test_ncu_report_tells_the_servers_int2_format_apart(tmp_path):
+    # profile_decode.py --format page names the format in its line; such a report is the INT2 server
+    # default's launch: labelled "2 (page)" and held to the summary's server-format step (served_us)
+    text = _H200_STALLS.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("profiled"))
+    page = tmp_path / "ncu_8x32768_default_int2_page.txt"
+    page.write_text(text.replace(line, line.replace("INT2 B=", "INT2 format=page B=", 1)))
+    p, g = ncu_report.load(page), ncu_report.load(_H200_STALLS)
+    assert (p.fmt, p.label, g.fmt, g.label) == ("page", "2 (page)", "group", "2")
+    bench = {"meta": {}, "hbm_copy_TBps": 4.0, "summary": [
+        {"batch": 8, "ctx": 32768, "bits": 2, "oscar_us": 100.0, "oscar_TBps": 2.0, "served_us": 120.0, "served_TBps": 1.6,
+         "sdpa_us": 240.0, "sglang_us": None, "target_vs_sdpa": 4.0, "target_vs_sglang": 5.0}]}
+    rows = [r.split(" | ") for r in ncu_report.closing_rows([g, p], bench)[2:]]
+    assert [(r[2], r[3]) for r in rows] == [("2", "100.0"), ("2 (page)", "120.0")]
+    assert "| 8 | 32768 | 2 (page) | gluon_decode_stage1_kernel" in ncu_report.section([g, p], bench)
+    # the line profile_decode.py prints with --format (its f-string, as written there)
+    src = (Path(__file__).resolve().parents[1] / "benches" / "kernels" / "profile_decode.py").read_text()
+    assert 'INT{args.bits} format={args.format} B={batch} ctx={ctx} bn={tune.block_n}' in src
+
+
 def test_regenerate_asks_ncu_for_what_the_report_reads():
     script = (Path(__file__).resolve().parents[1] / "benches" / "kernels" / "regenerate.sh").read_text()
     assert f'metrics="{ncu_report.NCU_METRICS}"' in script
     assert "ncu_report.py --bench" in script
     assert "run_gpu_profile.sh \"${spec#*:}\" default" in script  # profile_decode.py --config default
+    assert "2p:8x32768" in script and "--format $fmt" in script  # the server's INT2 format profiled too
 
 
 # ---- sensitivity experiments (benches/kernels/sensitivity.py): patched copies of the Gluon kernel

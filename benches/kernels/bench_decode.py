@@ -1036,6 +1036,7 @@ def summarize(res: dict) -> list[dict]:
                 # the same step over the format the server stores INT2 in by default (page-grid key ranges)
                 sv = sh.get("int2_served") or {}
                 row["served_us"] = sv.get("us")
+                row["served_TBps"] = sv.get("TBps")
                 row["served_effective_bits"] = sv.get("effective_bits")
                 row["served_stage1"] = sv.get("stage1")
                 row["served_vs_sdpa"] = sd / sv["us"] if sd and sv.get("us") else None

@@ -58,7 +58,7 @@ SHARED_WAVEFRONTS = "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
 #: What ``regenerate.sh`` passes to ncu besides its sections (the stall samples, the shared wavefronts).
 NCU_METRICS = f"regex:smsp__pcsamp_warps_issue_stalled_.*,{SHARED_WAVEFRONTS}"
 
-_PROFILED = re.compile(r"^profiled(?: \((?P<mode>\w+)\))?: INT(?P<bits>\d+) B=(?P<batch>\d+) ctx=(?P<ctx>\d+) "
+_PROFILED = re.compile(r"^profiled(?: \((?P<mode>\w+)\))?: INT(?P<bits>\d+)(?: format=(?P<fmt>\w+))? B=(?P<batch>\d+) ctx=(?P<ctx>\d+) "
                        r"bn=(?P<bn>\d+) .*?splits=(?P<splits>\d+)(?P<rest>.*)$")
 _KERNEL = re.compile(r"^\s+(?P<name>_\w*decode_stage1\w*) \((?P<grid>[\d, ]+)\)x\((?P<block>[\d, ]+)\)")
 _SECTION = re.compile(r"^\s+Section: (?P<name>.+?)\s*$")
@@ -88,6 +88,14 @@ class Profile:
     units: dict[tuple[str, str], str] = field(default_factory=dict)
     stalls: dict[str, float] = field(default_factory=dict)
     excessive_sectors_pct: float | None = None
+    #: the pool's key-range format (profile_decode.py --format): "group" (the paper's) or "page" (the
+    #: INT2 server default); reports from before the option are "group"
+    fmt: str = "group"
+
+    @property
+    def label(self) -> str:
+        """The bits column: ``2``, or ``2 (page)`` for the INT2 server default's format."""
+        return f"{self.bits}" if self.fmt == "group" else f"{self.bits} ({self.fmt})"
 
     def get(self, section: str, name: str) -> float | None:
         return self.metrics.get((section, name))
@@ -214,7 +222,7 @@ def parse(text: str, path: str = "<report>") -> Profile:
                    batch=int(head.group("batch")), ctx=int(head.group("ctx")), block_n=int(head.group("bn")),
                    splits=int(head.group("splits")), kernel=kernel.group("name"), variant=variant,
                    grid=tuple(int(x) for x in kernel.group("grid").split(",")), metrics=metrics, units=units,
-                   stalls=stalls, excessive_sectors_pct=excess)
+                   stalls=stalls, excessive_sectors_pct=excess, fmt=head.group("fmt") or "group")
 
 
 def load(path: str | Path) -> Profile:
@@ -233,12 +241,12 @@ def profile_rows(profiles: list[Profile]) -> list[str]:
         "scheduler us | shared wavefronts / tile | uncoalesced sectors % | registers, occupancy % |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for p in sorted(profiles, key=lambda p: (p.bits, p.batch * p.ctx, p.batch)):
+    for p in sorted(profiles, key=lambda p: (p.bits, p.fmt, p.batch * p.ctx, p.batch)):
         shared = p.get("Command line profiler metrics", SHARED_WAVEFRONTS)
         regs = p.get("Launch Statistics", "Registers Per Thread")
         occ = p.get("Occupancy", "Achieved Occupancy")
         out.append(
-            f"| {p.batch} | {p.ctx} | {p.bits} | {p.kernel.strip('_')} ({p.variant}) | {'x'.join(map(str, p.grid))} | "
+            f"| {p.batch} | {p.ctx} | {p.label} | {p.kernel.strip('_')} ({p.variant}) | {'x'.join(map(str, p.grid))} | "
             f"{p.duration_us:.1f} | {p.dram_tbps:.2f} ({p.dram_pct:.0f} %) | "
             f"{_fmt(p.get('GPU Speed Of Light Throughput', 'L2 Cache Throughput'), '.0f')} | "
             f"{_fmt(p.get('GPU Speed Of Light Throughput', 'L1/TEX Cache Throughput'), '.0f')} | "
@@ -258,10 +266,10 @@ def stall_rows(profiles: list[Profile], top: int = 6) -> list[str]:
         return ["No stall samples in these reports (profile with `--metrics regex:smsp__pcsamp_warps_issue_stalled_.*`)."]
     out = ["| B | ctx | bits | " + " | ".join(f"wait {i + 1}" for i in range(top)) + " |",
            "|---|---|---|" + "---|" * top]
-    for p in sorted(sampled, key=lambda p: (p.bits, p.batch * p.ctx, p.batch)):
+    for p in sorted(sampled, key=lambda p: (p.bits, p.fmt, p.batch * p.ctx, p.batch)):
         cells = [f"{STALL_WORDS.get(r, r)}: {c:.2f} ({s * 100:.0f} %)" for r, s, c in p.stall_cycles()[:top]]
         cells += ["-"] * (top - len(cells))
-        out.append(f"| {p.batch} | {p.ctx} | {p.bits} | " + " | ".join(cells) + " |")
+        out.append(f"| {p.batch} | {p.ctx} | {p.label} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -281,8 +289,10 @@ def closing_rows(profiles: list[Profile], bench: dict) -> list[str]:
            "(copy bandwidth) | instructions / tile at today's issue rate for the target | DRAM share of the copy "
            "bandwidth the target needs |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    for p in sorted(profiles, key=lambda p: (p.bits, p.batch * p.ctx, p.batch)):
+    for p in sorted(profiles, key=lambda p: (p.bits, p.fmt, p.batch * p.ctx, p.batch)):
         r = _shape_result(bench, p.batch, p.ctx, p.bits)
+        if r is not None and p.fmt == "page":  # the INT2 server default's format: its own step and bytes
+            r = {**r, "oscar_us": r.get("served_us"), "oscar_TBps": r.get("served_TBps")}
         if r is None or not r.get("oscar_us"):
             continue
         # the shape's speed targets (issue 14) as the run's summary states them; the stricter one decides
@@ -298,7 +308,7 @@ def closing_rows(profiles: list[Profile], bench: dict) -> list[str]:
         ipt_needed = p.instructions / p.tiles * need_us / r["oscar_us"]
         dram_needed = step_bytes / (need_us * 1e-6) / (copy * 1e12) if step_bytes and copy else None
         told = "; ".join(f"{t:g}x {name} ({base:.1f} us)" for t, base, name in targets)
-        out.append(f"| {p.batch} | {p.ctx} | {p.bits} | {r['oscar_us']:.1f} | {told} | {need_us:.1f} | "
+        out.append(f"| {p.batch} | {p.ctx} | {p.label} | {r['oscar_us']:.1f} | {told} | {need_us:.1f} | "
                    f"{p.issue_bound_us:.1f} | {_fmt(bytes_floor, '.1f')} | {ipt_needed:.0f} (today "
                    f"{p.instructions / p.tiles:.0f}) | {_fmt(None if dram_needed is None else dram_needed * 100, '.0f', ' %')} |")
     return out

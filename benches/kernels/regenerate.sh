@@ -14,7 +14,8 @@
 # column out (the report then says "not measured" for it).
 #
 # Then, where Nsight Compute (ncu) is installed, "Where the time goes": stage 1 of the default decode step
-# profiled at PROFILE_SHAPES (BITS:BxCTX, default the INT2 target shapes and INT4 at (8, 32768); ~30 s each)
+# profiled at PROFILE_SHAPES (BITS[p]:BxCTX, default the INT2 target shapes, INT4 at (8, 32768) and INT2 at
+# (8, 32768) in the server's default format ("2p": page-grid key ranges); ~30 s each)
 # with its stall samples and shared-memory wavefronts, the reports kept in REPORT_DIR/ncu/ and read by
 # benches/kernels/ncu_report.py into a section appended to kernels.md. NCU_PROFILE=0 leaves it out.
 #
@@ -60,8 +61,11 @@ if [ "${NCU_PROFILE:-1}" != 0 ] && [ -n "$NCU" ]; then
   rm -rf "$REPORT_DIR/ncu" && mkdir -p "$REPORT_DIR/ncu"
   # the same metrics as benches/kernels/ncu_report.py NCU_METRICS (tests/test_bench_report.py checks it)
   metrics="regex:smsp__pcsamp_warps_issue_stalled_.*,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
-  for spec in ${PROFILE_SHAPES:-2:1x131072 2:8x32768 2:16x65536 4:8x32768}; do
-    NCU="$NCU" OUT="$REPORT_DIR/ncu" PROFILE_ARGS="--mode fused --bits ${spec%%:*}" PROFILE_TAG="_int${spec%%:*}" \
+  # BITS[p]:BxCTX; "p": the pool in the INT2 server default's format (page-grid key ranges)
+  for spec in ${PROFILE_SHAPES:-2:1x131072 2:8x32768 2:16x65536 4:8x32768 2p:8x32768}; do
+    bits=${spec%%:*}; fmt=group; tag=""
+    if [ "${bits%p}" != "$bits" ]; then bits=${bits%p}; fmt=page; tag=_page; fi
+    NCU="$NCU" OUT="$REPORT_DIR/ncu" PROFILE_ARGS="--mode fused --bits $bits --format $fmt" PROFILE_TAG="_int$bits$tag" \
       NCU_EXTRA="--metrics $metrics" bash benches/kernels/run_gpu_profile.sh "${spec#*:}" default
   done
   python3 benches/kernels/ncu_report.py --bench "$REPORT_DIR/kernels.json" --append "$REPORT_DIR/kernels.md" \
