@@ -23,6 +23,12 @@ step() {
 }
 
 dependencies() {
+  local free_gb
+  free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+  if [ "$free_gb" -lt 12 ]; then
+    echo "setup: warning: ${free_gb} GB free here; the dependencies take ~7 GB installed (PyPI's torch" \
+      "brings its CUDA libraries) and up to ~11 GB while pip installs them" >&2
+  fi
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r requirements/ci.txt
   "$VENV/bin/python" -m pip install -q --no-deps -r requirements/nodeps.txt
