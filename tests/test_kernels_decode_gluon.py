@@ -14,6 +14,7 @@ import math
 import os
 import types
 
+import numpy as np
 import pytest
 import torch
 from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu, lens_before_write,
@@ -227,7 +228,7 @@ def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, bl
 #: The INT2 server default's format (config.INT2_FORMAT): page-grid key ranges, G_K 16, G_V 64.
 _PAGE_FORMAT = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
 #: The variants that read page-grid key ranges (``check_gluon_key_page``), one per key form.
-_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm"]
+_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm", "dnp_r128fslwnp"]
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -252,7 +253,7 @@ def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"),
-                                         ("dnp_r128fslw", "group16")])
+                                         ("dnp_r128fslwnp", "page"), ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
     """32-token tiles over key groups of 16 tokens (``_attend(KG2)``: each half of the tile's rows
     dequantized with its own group's params), page-grid ranges (the INT2 server default's format)
@@ -264,6 +265,43 @@ def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
         err, agree = chk.check(bits, 2, 4, 128, [300, 128, 5], {1}, "layer", 32, 3, bits + 60, variant, fmt=form)
         assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} INT{bits} vs reference: {err:.2e}"
         assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@pytest.mark.parametrize("bits", [2, 4])
+def test_page_pairs_made_where_the_words_are_made_are_the_same_pairs(bits):
+    """``GluonVariant.page_pairs`` (``_page_key_param_pairs_spread``: the lane that makes a page-grid
+    param word pairs it, ``u`` made once for both key groups of a tile, from the split asm
+    ``_page_u_asm`` + ``_PAGE_GROUP_ASM``) gives the (scale, offset) pairs of
+    ``_page_key_param_pairs`` (the words handed over, then paired by every lane row) bit for bit:
+    every 32-token tile (two key groups of 16) and 16-token tile (one) of three sealed pages, two
+    KV heads, the Gluon source run by the numpy stand-in (its asm emulated with the same fp16
+    roundings; the asm's own arithmetic is checked against the reference in
+    tests/test_kernels_page_grid.py and on a GPU by this file's gpu tests)."""
+    chk = _numpy_check_module()
+    fns = chk.kernel_functions({"pid": (0, 0, 0), "grid": (1, 1, 1)})
+    h, d, p = 2, 128, 128
+    cfg = OscarConfig(bits=bits, page_size=p, **_PAGE_FORMAT)
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[3 * p + 5], seed=bits + 3, device=torch.device("cpu"))
+    args = kdecode.named_pool_arguments(pool.layer)
+    kp = chk.Ptr(args["kp_ptr"].detach().cpu().reshape(-1).view(torch.float16).numpy())
+    kr = chk.Ptr(args["kr_ptr"].detach().cpu().reshape(-1).numpy())
+    g_k = _PAGE_FORMAT["k_group"]
+    pages = [int(x) for x in pool.kv_page_indices[:3]]
+    assert len(set(pages)) == 3, pages
+    for page in pages:
+        for i_h in range(h):
+            for t0 in range(0, p, 2 * g_k):
+                want = (fns["_page_key_param_pairs"](page, t0, i_h, kp, kr, h, d, bits, p, g_k, None)
+                        + fns["_page_key_param_pairs"](page, t0 + g_k, i_h, kp, kr, h, d, bits, p, g_k, None))
+                two = fns["_page_key_param_pairs_spread"](page, t0, i_h, kp, kr, h, d, bits, p, g_k, None, 2)
+                one = fns["_page_key_param_pairs_spread"](page, t0 + g_k, i_h, kp, kr, h, d, bits, p, g_k, None, 1)
+                got = (two[0], two[1], two[2], two[3])
+                for w, gt in zip(want, got):
+                    assert np.array_equal(chk._a(w), chk._a(gt)), (page, i_h, t0)
+                assert np.array_equal(chk._a(one[0]), chk._a(want[2])) and np.array_equal(chk._a(one[3]), chk._a(want[3]))
+                assert np.count_nonzero(chk._a(want[0])) > 0  # real scales, not an all-zero page
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -331,7 +369,8 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
     for pl, variant in ((pool, "dnp_r128fslwk"), (pool16, "dnp_r128fslwk"), (pool16, "dnp_r128fs"), (pool16, "regs1"),
                         (pool16, "dnp_r128fslwt3")):
         with pytest.raises(ValueError, match=f"Gluon variant '{variant}' takes one key group per tile; 32-token tiles "
-                                             f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn$"):
+                                             f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn, "
+                                             f"dnp_r128fslwnp$"):
             _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
     with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=8 \\(or twice it"):
         gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
@@ -368,7 +407,8 @@ def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"), ("dnp_r128fslw", "group16")])
+@pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"), ("dnp_r128fslwnp", "page"),
+                                         ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_empty):
     """On CUDA: 32-token Gluon tiles over key groups of 16 tokens (two groups per tile), page-grid
     ranges and fp16 group pairs."""
@@ -476,6 +516,10 @@ def test_gluon_variants_are_checked(nan_empty):
         gluon_decode.GluonVariant("x", staging_block=8)
     with pytest.raises(ValueError, match="fused takes the step's other parts into the register path"):
         gluon_decode.GluonVariant("x", stages=2, fused=True)
+    with pytest.raises(ValueError, match="page_pairs is how the register path pairs page-grid key params made from words"):
+        gluon_decode.GluonVariant("x", packed=True, page_pairs=True)
+    with pytest.raises(ValueError, match="page_pairs is how the register path pairs"):
+        gluon_decode.GluonVariant("x", prefetch=False, packed=True, pair_words=True, tma=3, page_pairs=True)
     assert kdecode._DecodeTuning(32, 32, 1, True, 1.0).gluon_variant == "regs1"
 
 

@@ -507,11 +507,15 @@ GLUON_DEFAULT_PAGE_BITS = (2, 4)
 #: instructions per code pair; at INT4 the same kernel as "dnp_r128fslw"). Keys dequantized rather
 #: than folded into the query: on 16-token tiles folding cost more than it saved (H200, session 25:
 #: 2-8 %), and on 32-token tiles two key groups per tile need dequantized keys
-#: (``check_gluon_key_groups``).
-GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwn"
+#: (``check_gluon_key_groups``). Since session 31 with the key params paired by the lane that makes
+#: them and one shared-memory hand-over per key group (``GluonVariant.page_pairs``; "dnp_r128fslwn"
+#: before): 784 instead of 889 instructions per 32-token INT2 tile (sm_90 SASS), whole steps on an
+#: H100 6-8 % faster at INT2 and 4-5 % at INT4 at (8, 32768) and (16, 65536)
+#: (benches/results/kernels_gluon_s31/).
+GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwnp"
 #: The Gluon default's tile for page-grid key ranges at G_K 16: 32 tokens, two key groups per tile
 #: (the per-tile costs spread over twice the tokens: 889 instead of 2 x 523 instructions per 32
-#: INT2 tokens, sm_90 SASS); 16 (one key group per tile) until session 29.
+#: INT2 tokens, sm_90 SASS, session 29's form); 16 (one key group per tile) until session 29.
 GLUON_DEFAULT_PAGE_BLOCK_N = 32
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"

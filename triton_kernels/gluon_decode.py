@@ -176,6 +176,15 @@ class GluonVariant:
             filled one wave of 2112 slots and the 256 open-page ones, launched last, a second).
             Pays with a split count that fits the ``splits + 1`` programs per pair into the resident
             slots (timed with ``bench_decode.py --gluon-waves``; the launcher has no such rule: opt-in).
+        page_pairs: with page-grid key ranges (``pair_words``), the lane that makes a key param word
+            from the page grid also pairs it (one PRMT per pair, where each of the 8 lane rows paired
+            all of its words after the hand-over), the grid's words and ``u`` serve both key groups of
+            a 32-token tile, and both groups' pairs cross shared memory in one layout conversion
+            (``_page_key_param_pairs_spread``). Bit-identical pairs. Session 31, sm_90 compile at
+            groups 1-8: 872-889 -> 783-785 instructions per 32-token INT2 tile (946-962 -> 846-853 at
+            INT4; 16-token tiles 522-524 -> 488-489), no stack (24-48 bytes before); whole steps on
+            an H100 at (8, 32768) / (16, 65536): 6.2 / 7.8 % faster at INT2, 4.4 / 5.1 % at INT4
+            (benches/results/kernels_gluon_s31/). The page default since.
     """
 
     name: str
@@ -196,6 +205,7 @@ class GluonVariant:
     open_first: bool = False
     two_tiles: bool = False
     open_share: bool = False
+    page_pairs: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -208,7 +218,7 @@ class GluonVariant:
                 "PACKED": 2 if self.pair_words else self.packed,
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
                 "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first,
-                "TWO": self.two_tiles, "OPEN_SHARE": self.open_share}
+                "TWO": self.two_tiles, "OPEN_SHARE": self.open_share, "PAGE_PAIRS": self.page_pairs}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -249,6 +259,9 @@ class GluonVariant:
         if self.two_tiles and (self.stages or self.prefetch or self.tma):
             raise ValueError("GluonVariant.two_tiles pairs the tiles of the register path that loads each tile "
                              "right before its math (stages 0, prefetch=False, no TMA ring)")
+        if self.page_pairs and (not self.pair_words or self.tma):
+            raise ValueError("GluonVariant.page_pairs is how the register path pairs page-grid key params made from "
+                             "words (pair_words=True, no TMA ring)")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -349,6 +362,11 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnkt3", prefetch=False, packed=True, staging_block=16, direct_staging=True,
                      maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
                      keys="mma", tma=3),
+        # session 31: the page default (dnp_r128fslwn) with its page-grid key params paired where they are
+        # made and both key groups of a tile handed over at once (``page_pairs``)
+        GluonVariant("dnp_r128fslwnp", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
+                     fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     page_pairs=True),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -439,6 +457,36 @@ def _page_params_asm(qmax: int) -> str:
             "}")
 
 
+def _page_u_asm(qmax: int) -> str:
+    """The PTX of ``u = h(step / qmax)`` (``$0``) from the grid's step word ``$1``: the first three
+    f16x2 operations of ``_page_params_asm``, for the grid words a tile's two key groups share."""
+    c, m = page_u_constants(qmax)
+    return ("{\n"
+            ".reg .b32 c, q, r, e;\n"
+            f"mov.b32 c, 0x{c:08x};\n"  # h(1 / qmax)
+            f"mov.b32 q, 0x{m:08x};\n"  # -qmax
+            "mul.rn.f16x2 r, $1, c;\n"
+            "fma.rn.f16x2 e, r, q, $1;\n"
+            "fma.rn.f16x2 $0, e, c, r;\n"
+            "}")
+
+
+#: The PTX of a channel pair's group (scale, offset) words ``$0``, ``$1`` from the index words ``$2``
+#: (a), ``$3`` (b), ``u`` (``$4``, ``_page_u_asm``) and the grid's step and base words ``$5``, ``$6``:
+#: the rest of ``_page_params_asm``.
+_PAGE_GROUP_ASM = ("{\n"
+                   ".reg .b32 m, ta, tb;\n"
+                   "mov.b32 m, 0x64006400;\n"
+                   "prmt.b32 ta, $2, m, 0x5150;\n"
+                   "prmt.b32 tb, $3, m, 0x5150;\n"
+                   "sub.rn.f16x2 tb, tb, ta;\n"
+                   "sub.rn.f16x2 ta, ta, m;\n"
+                   "mul.rn.f16x2 $0, tb, $4;\n"
+                   "mul.rn.f16x2 ta, ta, $5;\n"
+                   "add.rn.f16x2 $1, ta, $6;\n"
+                   "}")
+
+
 def check_gluon_key_groups(variant: str, *, block_n: int, k_group: int) -> None:
     """ValueError unless Gluon variant ``variant`` runs ``block_n``-token tiles over key groups of
     ``k_group`` tokens: a tile spans one group, or two (``block_n == 2 * k_group``, e.g. 32-token
@@ -486,6 +534,9 @@ if gl is not None:
     # fp32 quotient rounded to fp16, tests/test_kernels_decode_gluon.py)
     _PAGE_ASM2 = gl.constexpr(_page_params_asm(3))
     _PAGE_ASM4 = gl.constexpr(_page_params_asm(15))
+    _PAGE_U2 = gl.constexpr(_page_u_asm(3))
+    _PAGE_U4 = gl.constexpr(_page_u_asm(15))
+    _PAGE_GROUP = gl.constexpr(_PAGE_GROUP_ASM)
 
     @gluon.jit
     def _pair_operands(x, i, BITS: gl.constexpr):
@@ -732,6 +783,63 @@ if gl is not None:
                                   gl.convert_layout(o_a, LKW2), gl.convert_layout(o_b, LKW2), WPL, HALF, LK)
 
     @gluon.jit
+    def _page_key_param_pairs_spread(page, t0, i_h, kp_ptr, kr_ptr, H: gl.constexpr, D: gl.constexpr,
+                                     BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, LK: gl.constexpr,
+                                     NG: gl.constexpr):
+        """``_page_key_param_pairs`` for the ``NG`` (1 or 2) key groups of a tile from token ``t0``
+        (``GluonVariant.page_pairs``): the lane that makes a word (``_param_word_offsets(SPREAD)``) also
+        pairs it (``_pair_words``: one PRMT per pair, once per word instead of once per lane row), the
+        grid's words and ``u`` are loaded and made once for both groups, and the groups' (scale, offset)
+        pairs cross to the 8 lane rows that use them in one layout conversion (one shared-memory round
+        trip per tile instead of four per group). The same pairs, bit for bit. Returns ``(ks0, ko0, ks1,
+        ko1)`` in ``SliceLayout(0, LK)`` (``ks1`` / ``ko1`` the first group's again when ``NG`` is 1)."""
+        HALF: gl.constexpr = 16 // BITS
+        WPL: gl.constexpr = D * BITS // 128
+        w0 = _param_word_offsets(D, BITS, True)
+        gp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + (page * H + i_h) * D + w0  # D words per page grid
+        rp = kr_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * D + w0  # D int16 per group
+        base_a = gl.load(gp)  # the grid words of the first half of each lane's code words
+        step_a = gl.load(gp + D // 2)
+        base_b = gl.load(gp + HALF // 2)  # ... and of the second
+        step_b = gl.load(gp + (D + HALF) // 2)
+        if BITS == 2:
+            u_a = gl.inline_asm_elementwise(_PAGE_U2, "=r,r", [step_a], dtype=gl.int32, is_pure=True, pack=1)
+            u_b = gl.inline_asm_elementwise(_PAGE_U2, "=r,r", [step_b], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            u_a = gl.inline_asm_elementwise(_PAGE_U4, "=r,r", [step_a], dtype=gl.int32, is_pure=True, pack=1)
+            u_b = gl.inline_asm_elementwise(_PAGE_U4, "=r,r", [step_b], dtype=gl.int32, is_pure=True, pack=1)
+        ks, ko = _page_group_pairs(rp, u_a, step_a, base_a, u_b, step_b, base_b, D, HALF, WPL, LK)
+        if NG == 2:
+            ks1, ko1 = _page_group_pairs(rp + D, u_a, step_a, base_a, u_b, step_b, base_b, D, HALF, WPL, LK)
+            return ks, ko, ks1, ko1
+        else:
+            return ks, ko, ks, ko
+
+    @gluon.jit
+    def _page_group_pairs(rp, u_a, step_a, base_a, u_b, step_b, base_b, D: gl.constexpr, HALF: gl.constexpr,
+                          WPL: gl.constexpr, LK: gl.constexpr):
+        """One key group's (scale, offset) f16x2 pairs ``[WPL, HALF, 4]`` (channels ``c``, ``c + HALF``)
+        in the spread layout of its index words at ``rp`` (``a``; ``b`` ``D/2`` on), from the grid's
+        words and ``u`` of both halves of each lane's code words (``_page_key_param_pairs_spread``)."""
+        ra = gl.load(rp).to(gl.int32)
+        rb = gl.load(rp + D // 2).to(gl.int32)
+        s_a, o_a = gl.inline_asm_elementwise(_PAGE_GROUP, "=r,=r,r,r,r,r,r", [ra, rb, u_a, step_a, base_a],
+                                             dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        ra = gl.load(rp + HALF // 2).to(gl.int32)
+        rb = gl.load(rp + (D + HALF) // 2).to(gl.int32)
+        s_b, o_b = gl.inline_asm_elementwise(_PAGE_GROUP, "=r,=r,r,r,r,r,r", [ra, rb, u_b, step_b, base_b],
+                                             dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        s_lo, s_hi = _pair_words(s_a, s_b)
+        o_lo, o_hi = _pair_words(o_a, o_b)
+        ks = gl.reshape(gl.permute(gl.join(s_lo, s_hi), [0, 1, 3, 2]), [WPL, HALF, 4])
+        ko = gl.reshape(gl.permute(gl.join(o_lo, o_hi), [0, 1, 3, 2]), [WPL, HALF, 4])
+        # to the lane rows that use them: scales and offsets in one conversion (one shared-memory round trip)
+        LKP: gl.constexpr = gl.SliceLayout(0, LK)
+        z = gl.zeros([WPL, HALF, 4], gl.int32, LKP)
+        ks, ko = gl.split(gl.convert_layout(gl.join(ks, ko), gl.join(z, z).type.layout))
+        return gl.convert_layout(ks, LKP, assert_trivial=True), gl.convert_layout(ko, LKP, assert_trivial=True)
+
+    @gluon.jit
     def _page_words(gp, rp, D: gl.constexpr, QMAX: gl.constexpr):
         """The group's (scale, offset) f16x2 words of channel pairs from the page grid's words at
         ``gp`` (bases; steps ``D/2`` words on) and the group's index words at ``rp`` (``a``; ``b``
@@ -893,7 +1001,8 @@ if gl is not None:
     def _tile_raw(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr, D: gl.constexpr,
                   BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr, G_V: gl.constexpr, S: gl.constexpr,
                   BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LS: gl.constexpr,
-                  PACKED: gl.constexpr = False, kr_ptr=None, KEY_PAGE: gl.constexpr = False):
+                  PACKED: gl.constexpr = False, kr_ptr=None, KEY_PAGE: gl.constexpr = False,
+                  PAGE_PAIRS: gl.constexpr = False):
         """The stored bytes of tokens ``[t0, t0 + BLOCK_N)`` of sealed page ``page`` (KV head
         ``i_h``) in registers, each lane loading exactly the words and params its operand registers
         use (``_tile_ptrs`` and ``_tile_small``). ``PACKED``: the key and value (scale, offset)
@@ -902,11 +1011,15 @@ if gl is not None:
         ``BLOCK_N == 2 * G_K``: the tile's second key group), half the registers a prefetched tile
         holds for them.
         ``KEY_PAGE`` (with ``PACKED == 2``): page-grid key ranges, ``kp_ptr`` the page grids and
-        ``kr_ptr`` the groups' index bytes (``_page_key_param_pairs``)."""
+        ``kr_ptr`` the groups' index bytes (``_page_key_param_pairs``; ``PAGE_PAIRS``:
+        ``_page_key_param_pairs_spread``)."""
         kw_p, ks0_p, ks1_p, ko0_p, ko1_p, vw0_p, vw1_p = _tile_ptrs(page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, H, D, BITS, P,
                                                                      G_K, BLOCK_N, LK, LV)
         kw = gl.load(kw_p)
-        if PACKED == 2 and KEY_PAGE:  # page-grid key ranges: the params made from the grid and indices
+        if PACKED == 2 and KEY_PAGE and PAGE_PAIRS:  # ... paired where made, one hand-over per tile
+            ks0, ko0, ks1, ko1 = _page_key_param_pairs_spread(page, t0, i_h, kp_ptr, kr_ptr, H, D, BITS, P, G_K, LK,
+                                                              2 if BLOCK_N > G_K else 1)
+        elif PACKED == 2 and KEY_PAGE:  # page-grid key ranges: the params made from the grid and indices
             ks0, ko0 = _page_key_param_pairs(page, t0, i_h, kp_ptr, kr_ptr, H, D, BITS, P, G_K, LK)
             if BLOCK_N > G_K:  # two key groups per tile: the second's in ks1 / ko1 (``_attend(KG2)``)
                 ks1, ko1 = _page_key_param_pairs(page, t0 + G_K, i_h, kp_ptr, kr_ptr, H, D, BITS, P, G_K, LK)
@@ -1467,7 +1580,7 @@ if gl is not None:
         WINDOW: gl.constexpr = False, LAZY: gl.constexpr = False, LEAN: gl.constexpr = False, LQP: gl.constexpr = None,
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
-        TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False,
+        TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1641,9 +1754,9 @@ if gl is not None:
                 page = gl.load(pg_idx + it // TPP).to(gl.int64)
                 page_b = gl.load(pg_idx + it_b // TPP).to(gl.int64)
                 raw_a = _tile_raw(page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                                  H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)
+                                  H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE, PAGE_PAIRS)
                 raw_b = _tile_raw(page_b, (it_b % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
-                                  scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)
+                                  scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE, PAGE_PAIRS)
                 m_i, l_i, acc = _attend2(b_q, raw_a, raw_b, it + 1 < t_hi, m_i, l_i, acc, sm_scale_log2, D, BITS,
                                          BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED, it * BLOCK_N, lo, WINDOW, LAZY,
                                          LEAN, LQP, BLOCK_N > G_K)
@@ -1656,7 +1769,7 @@ if gl is not None:
                 page = gl.load(pg_idx + it // TPP).to(gl.int64)
                 kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
                     page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)  # fmt: skip
+                    H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE, PAGE_PAIRS)  # fmt: skip
                 m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                         acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,
                                         it * BLOCK_N, lo, WINDOW, LAZY, LEAN, LQP, BLOCK_N > G_K)
@@ -1668,13 +1781,13 @@ if gl is not None:
                     l_i = _row_partials(l_i, BLOCK_N, MMA)
                 page = gl.load(pg_idx + t_lo // TPP).to(gl.int64)
                 raw = _tile_raw(page, (t_lo % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
-                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE)
+                                H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE, PAGE_PAIRS)
                 for it in range(t_lo, t_hi):
                     nxt = gl.minimum(it + 1, t_hi - 1)  # the last tile re-loads itself (never read past the end)
                     page_n = gl.load(pg_idx + nxt // TPP).to(gl.int64)
                     raw_n = _tile_raw(page_n, (nxt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
                                       scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr,
-                                      KEY_PAGE)
+                                      KEY_PAGE, PAGE_PAIRS)
                     kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = raw
                     m_i, l_i, acc = _attend(b_q, kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1, m_i, l_i,
                                             acc, sm_scale_log2, D, BITS, BLOCK_N, BLOCK_H, LK, LV, MMA, KEYS, PACKED,

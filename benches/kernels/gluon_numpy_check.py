@@ -200,21 +200,40 @@ def make_gl(ctx):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
             return T(r.astype(np.uint32).view(np.int32))
+        def hv(x):  # f16x2 word -> [..., 2] float64 (exact)
+            return x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64)
+
+        def rnd(x):  # one f16x2 operation's rounding
+            return x.astype(np.float16).astype(np.float64)
+
+        def consts(asm):  # the asm's h(1 / qmax) and -qmax
+            cw, qw = (np.array([int(re.search(f"mov.b32 {n}, (0x[0-9a-f]+);", asm).group(1), 16)], np.uint32)
+                      .view(np.int32) for n in ("c", "q"))
+            return hv(cw)[0, 0], hv(qw)[0, 0]
+
+        if "0x5150" not in asm and "mov.b32 c," in asm:  # u = h(step / qmax) of a grid word (_page_u_asm)
+            st_w = np.ascontiguousarray(args[0].astype(np.int32))
+            k, mq = consts(asm)
+            st = hv(st_w)
+            r0 = rnd(st * k)
+            u = rnd(rnd(r0 * mq + st) * k + r0)
+            return T(np.ascontiguousarray(u.astype(np.float16)).view(np.int32).reshape(st_w.shape))
+        if "0x5150" in asm and len(args) == 5:  # a group's (scale, offset) from u (_PAGE_GROUP_ASM)
+            a, b, u_w, st_w, base_w = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
+            ra = np.stack([a & 0xFF, (a >> 8) & 0xFF], -1).astype(np.float64)
+            rb = np.stack([b & 0xFF, (b >> 8) & 0xFF], -1).astype(np.float64)
+            scale = rnd((rb - ra) * hv(u_w))
+            offset = rnd(rnd(ra * hv(st_w)) + hv(base_w))
+            return tuple(T(np.ascontiguousarray(x.astype(np.float16)).view(np.int32).reshape(a.shape))
+                         for x in (scale, offset))
         if "0x5150" in asm:  # page-grid key ranges: (scale, offset) f16x2 of a channel pair (_page_params_asm)
             a, b, st_w, base_w = (np.ascontiguousarray(x.astype(np.int32)) for x in np.broadcast_arrays(*args))
-
-            def hv(x):  # f16x2 word -> [..., 2] float64 (exact)
-                return x.view(np.uint16).reshape(x.shape + (2,)).view(np.float16).astype(np.float64)
 
             def idx(x):  # int16 word of two index bytes -> [..., 2] float64
                 return np.stack([x & 0xFF, (x >> 8) & 0xFF], -1).astype(np.float64)
 
-            def rnd(x):  # one f16x2 operation's rounding
-                return x.astype(np.float16).astype(np.float64)
-
-            cw, qw = (np.array([int(re.search(f"mov.b32 {n}, (0x[0-9a-f]+);", asm).group(1), 16)], np.uint32)
-                      .view(np.int32) for n in ("c", "q"))
-            k, mq, st, base = hv(cw)[0, 0], hv(qw)[0, 0], hv(st_w), hv(base_w)
+            k, mq = consts(asm)
+            st, base = hv(st_w), hv(base_w)
             r0 = rnd(st * k)
             u = rnd(rnd(r0 * mq + st) * k + r0)
             ra = idx(a)
@@ -382,8 +401,9 @@ def kernel_functions(ctx):
     g["fence_async_shared"] = lambda: None
     g["_PAIR_ASM"] = G._PAIR_ASM.value
     g["_PAGE_ASM2"], g["_PAGE_ASM4"] = G._PAGE_ASM2.value, G._PAGE_ASM4.value
+    g["_PAGE_U2"], g["_PAGE_U4"], g["_PAGE_GROUP"] = G._PAGE_U2.value, G._PAGE_U4.value, G._PAGE_GROUP.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
-    names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_key_param_pairs_spread", "_page_group_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_fused_write", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
