@@ -22,17 +22,17 @@ if [ $# -gt 0 ] || [ "${OSCAR_TEST_SHARDS:-2}" = 1 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
 
-# The whole suite in two phases (~20 min instead of ~33 on two cores). Phase 1 runs two pytest
-# processes side by side, one core each (OMP_NUM_THREADS=1 above): the tests that drive real
-# SGLang servers or in-process SGLang (SERVERS), and the rest (kernels in Triton's interpreter,
-# reference, packer, config, ...). Phase 2 runs, alone, the tests whose work is bounded by wall
-# time or that load more processes than there are cores (ALONE: the soak's 50 s of traffic, three
-# tensor-parallel ranks, the fault injection's timings). Every line of phase 1 is prefixed with
-# its shard's name. Each file runs in exactly one shard: a new test file lands in the second
-# shard unless listed here.
+# The whole suite in two phases (pytest ~22 min instead of ~33 on two cores). Phase 1 runs two
+# pytest processes side by side, one core each (OMP_NUM_THREADS=1 above): the tests that drive real
+# SGLang servers (SERVERS, ~17 min) and the rest (kernels in Triton's interpreter, in-process
+# SGLang, reference, packer, config, ...; ~15 min). Phase 2 runs alone the tests whose work is
+# bounded by wall time or that start more processes than there are cores (ALONE: the soak's 50 s
+# of traffic, three tensor-parallel ranks, the fault injection's timings; ~4 min). Every line of
+# phase 1 is prefixed with its shard's name. Each file runs in exactly one shard: a new test file
+# lands in the second shard unless listed here.
 SERVERS=(tests/test_sglang_sliding_window.py tests/test_sglang_server_e2e.py tests/test_sglang_determinism.py
-         tests/test_readme_serving.py tests/test_sglang_kernel_path.py tests/test_sglang_plugin.py
-         tests/test_serve.py tests/test_serving_harness.py tests/test_needle.py tests/test_eval.py)
+         tests/test_readme_serving.py tests/test_sglang_plugin.py tests/test_serve.py tests/test_serving_harness.py
+         tests/test_needle.py tests/test_eval.py)
 ALONE=(tests/test_sglang_soak.py tests/test_sglang_tp.py tests/test_sglang_faults.py)
 REST=()
 for f in "${SERVERS[@]}" "${ALONE[@]}"; do
