@@ -185,6 +185,15 @@ class GluonVariant:
             INT4; 16-token tiles 522-524 -> 488-489), no stack (24-48 bytes before); whole steps on
             an H100 at (8, 32768) / (16, 65536): 6.2 / 7.8 % faster at INT2, 4.4 / 5.1 % at INT4
             (benches/results/kernels_gluon_s31/). The page default since.
+        early_loads: the loads no store of the launch feeds are issued before its stores: the
+            request's length, first page and open-page lookups (``_open_page``) before the query
+            rotation and the write, and in the write (``_fused_write``) the new K/V (and, for the
+            layer norm, every head's key) together with the slot's lookup, the stores masked by the
+            slot instead of branched on it. Before, the open-page program ran the write's chain (slot
+            -> staging slot -> K/V -> stores) and then the open page's (length -> page -> staging
+            slot -> tile) one dependent load after another: ~7 memory round trips before its first
+            math, ~4 now; the write's share of the step at 256-512 pairs, where the open-page
+            programs run last, is that chain (session 27). Same values, same stores.
     """
 
     name: str
@@ -206,6 +215,7 @@ class GluonVariant:
     two_tiles: bool = False
     open_share: bool = False
     page_pairs: bool = False
+    early_loads: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -218,7 +228,8 @@ class GluonVariant:
                 "PACKED": 2 if self.pair_words else self.packed,
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
                 "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first,
-                "TWO": self.two_tiles, "OPEN_SHARE": self.open_share, "PAGE_PAIRS": self.page_pairs}
+                "TWO": self.two_tiles, "OPEN_SHARE": self.open_share, "PAGE_PAIRS": self.page_pairs,
+                "EARLY": self.early_loads}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -262,6 +273,9 @@ class GluonVariant:
         if self.page_pairs and (not self.pair_words or self.tma):
             raise ValueError("GluonVariant.page_pairs is how the register path pairs page-grid key params made from "
                              "words (pair_words=True, no TMA ring)")
+        if self.early_loads and (not self.spread_open or self.tma):
+            raise ValueError("GluonVariant.early_loads orders the loads of the register path whose open page is spread "
+                             "over the splits (spread_open=True, no TMA ring)")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -367,6 +381,19 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnp", prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128,
                      fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
                      page_pairs=True),
+        # session 32: the two defaults with the loads no store feeds issued before the stores
+        # (``early_loads``: the open-page program's write and open-page lookups in parallel)
+        GluonVariant("dnp_r128fslwnke", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma", early_loads=True),
+        GluonVariant("dnp_r128fslwnpe", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     page_pairs=True, early_loads=True),
+        # ... and the paper default's with the open-page program taking a share of the sealed tiles
+        # (``open_share``; timed at the one-wave split count, ``bench_decode.py --gluon-fit``)
+        GluonVariant("dnp_r128fslwnkex", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma", early_loads=True, open_share=True),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -1504,6 +1531,54 @@ if gl is not None:
                 gl.store(p_scale + i_h, gl.where(b_s > 0.0, b_s, 1.0))
 
     @gluon.jit
+    def _fused_write_early(new_k_ptr, new_v_ptr, stg, slot, stg_k_ptr, stg_v_ptr, stg_scale_ptr, krot_ptr,
+                           i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H: gl.constexpr, D: gl.constexpr,
+                           P: gl.constexpr, S: gl.constexpr, LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr,
+                           ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr,
+                           LROW: gl.constexpr):
+        """``_fused_write`` (the same values and stores) with its loads issued together
+        (``GluonVariant.early_loads``): the slot's lookup (new_loc -> page_to_staging: ``stg``,
+        ``slot``) was issued at the program's start, and the new K/V (and, the layer norm's program,
+        every head's key) do not wait for it; the stores are masked by it (padding slots, mapped to
+        no staging slot, are not written)."""
+        o_1 = gl.arange(0, 1, layout=gl.SliceLayout(1, LROW))
+        m_1 = o_1 >= 0
+        r_1 = m_1
+        if KEY_MASK:
+            r_1 = gl.load(krot_ptr + i_h + o_1) != 0
+        b_k = _rotated_rows(new_k_ptr, i_b * stride_kb + i_h * stride_kh, 0, o_1, m_1, r_1, D, LOG2D, 1, ROTATE,
+                            INV_SQRT_D, KEY_MASK, LROW)
+        b_v = _rotated_rows(new_v_ptr, i_b * stride_vb + i_h * stride_vh, 0, o_1, m_1, m_1, D, LOG2D, 1, ROTATE,
+                            INV_SQRT_D, False, LROW)
+        HC: gl.constexpr = min(BLOCK_HK, 8)
+        ss = gl.sum(gl.zeros([HC], gl.float32, gl.SliceLayout(1, LROW)), axis=0)
+        if S == 1:
+            if i_h == 0:  # the layer norm needs every head's rotated key, HC heads at a time (registers)
+                for c in gl.static_range(BLOCK_HK // HC):
+                    o_h = c * HC + gl.arange(0, HC, layout=gl.SliceLayout(1, LROW))
+                    m_h = o_h < H
+                    r_h = m_h
+                    if KEY_MASK:
+                        r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
+                    b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, HC,
+                                         ROTATE, INV_SQRT_D, KEY_MASK, LROW)
+                    ss += gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0)
+        elif S > 1:
+            ss = gl.sum(gl.sum(b_k * b_k, axis=1), axis=0)
+        b_s = gl.sqrt_rn(ss)
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
+        o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :] + o_1[:, None] * 0
+        m_stg = o_stg * 0 + stg >= 0
+        gl.store(stg_k_ptr + o_stg, b_k.to(gl.bfloat16), mask=m_stg)
+        gl.store(stg_v_ptr + o_stg, b_v.to(gl.bfloat16), mask=m_stg)
+        p_scale = stg_scale_ptr + (stg * P + slot) * S
+        if S == 1:
+            if i_h == 0:
+                gl.store(p_scale, gl.where(b_s > 0.0, b_s, 1.0), mask=stg >= 0)
+        elif S > 1:
+            gl.store(p_scale + i_h, gl.where(b_s > 0.0, b_s, 1.0), mask=stg >= 0)
+
+    @gluon.jit
     def _merge_heads(part_o_ptr, part_lse_ptr, out_ptr, i_b, i_h, n_part, stride_ob, stride_oh, H: gl.constexpr,
                      GROUP: gl.constexpr, BLOCK_G: gl.constexpr, D: gl.constexpr, CHUNK: gl.constexpr,
                      LM: gl.constexpr):
@@ -1581,6 +1656,7 @@ if gl is not None:
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
+        EARLY: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1592,6 +1668,21 @@ if gl is not None:
         TPP: gl.constexpr = P // BLOCK_N
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         s_col = i_h if S > 1 else 0  # the token-scale column: per head, or one for the layer
+
+        if EARLY:
+            # GluonVariant.early_loads: the request's length, pages and open-page lookups read no store
+            # of this launch, so they are issued before the query rotation's and the write's stores
+            seq_len = gl.load(seq_lens_ptr + i_b)
+            kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
+            n_pages = (seq_len + P - 1) // P
+            lo_e = 0
+            if WINDOW:
+                lo_e = gl.maximum(seq_len - 1 - window_left, 0)
+            stg_e, n_valid_e, t_min_e = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo_e, P, WINDOW)
+            if WRITE:  # the new token's staging slot (every program: two scalar loads; the writer's chain)
+                loc_w = gl.load(new_loc_ptr + i_b).to(gl.int64)
+                slot_w = loc_w % P
+                stg_w = gl.load(p2s_ptr + loc_w // P).to(gl.int64)
 
         if ROT_Q:
             # the query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV
@@ -1608,15 +1699,21 @@ if gl is not None:
             gl.store(qrot_ptr + ((i_b * H + i_h) * GROUP + o_g)[:, None] * D + o_qd[None, :], b_qr, mask=m_g[:, None])
         if WRITE:
             if i_s == n_split:  # the program that reads the open page writes the new token into it
-                _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, krot_ptr,
-                             i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H, D, P, S, LOG2D, BLOCK_HK, ROTATE,
-                             INV_SQRT_D, KEY_MASK, LLOAD)
+                if EARLY:
+                    _fused_write_early(new_k_ptr, new_v_ptr, stg_w, slot_w, stg_k_ptr, stg_v_ptr, stg_scale_ptr,
+                                       krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H, D, P, S, LOG2D,
+                                       BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD)
+                else:
+                    _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr,
+                                 krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H, D, P, S, LOG2D,
+                                 BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD)
         if ROT_Q or WRITE:
             gl.thread_barrier()  # this program's stores above are read back below
 
-        seq_len = gl.load(seq_lens_ptr + i_b)
-        kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
-        n_pages = (seq_len + P - 1) // P
+        if not EARLY:
+            seq_len = gl.load(seq_lens_ptr + i_b)
+            kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
+            n_pages = (seq_len + P - 1) // P
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, MMA))
         l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, MMA))
@@ -1648,7 +1745,10 @@ if gl is not None:
                 # the open page's tiles but its last are spread over the sealed splits, the j-th to
                 # split n_split - 1 - j (mod n_split): the splits whose sealed ranges the ceiling
                 # division left shortest (the last program keeps the new token's tile)
-                stg, n_valid, t_min = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P, WINDOW)
+                if EARLY:
+                    stg, n_valid, t_min = stg_e, n_valid_e, t_min_e
+                else:
+                    stg, n_valid, t_min = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P, WINDOW)
                 if stg >= 0:
                     o_first = t_min // BLOCK_T
                     o_last = (n_valid - 1) // BLOCK_T
@@ -1659,7 +1759,10 @@ if gl is not None:
                                                     sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LK, LV, LLOAD,
                                                     t_min, WINDOW, DIRECT)
         else:
-            stg, n_valid, t_min = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P, WINDOW)
+            if EARLY:
+                stg, n_valid, t_min = stg_e, n_valid_e, t_min_e
+            else:
+                stg, n_valid, t_min = _open_page(page_idx_ptr, p2s_ptr, kv_start, n_pages, seq_len, lo, P, WINDOW)
             if stg >= 0:
                 t_start = t_min // BLOCK_T * BLOCK_T
                 if SPREAD:  # the tile of the page's last token (the new one) only

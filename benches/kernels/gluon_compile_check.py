@@ -205,7 +205,8 @@ def main() -> int:
                     ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant, window=args.window,
                                         **fmt)
                 except Exception as exc:  # noqa: BLE001 - report every variant
-                    print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+                    cause = f" (cause: {exc.__cause__!r})"[:1500] if exc.__cause__ is not None else ""
+                    print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}{cause}")
                     rc = 1
                     continue
                 sass = sass_of(ck.asm["cubin"])
