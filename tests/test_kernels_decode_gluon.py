@@ -228,7 +228,8 @@ def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, bl
 #: The INT2 server default's format (config.INT2_FORMAT): page-grid key ranges, G_K 16, G_V 64.
 _PAGE_FORMAT = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
 #: The variants that read page-grid key ranges (``check_gluon_key_page``), one per key form.
-_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm", "dnp_r128fslwnp", "dnp_r128fslwnpe"]
+_PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm", "dnp_r128fslwnp", "dnp_r128fslwnpe",
+                  "dnp_r128fslwnpx"]
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -603,7 +604,8 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
                                      "dnp_r128fsw", "dnp_r128fslw", "dnp_r128fslwn", "dnp_r128fslwk",
                                      "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2",
                                      "dnp_r128fslwnkt2x2", "dnp_r128fslwm", "dnp_r128fslwnm", "dnp_r128fslwko",
-                                     "dnp_r128fslwk2", "dnp_r128fslwnk2", "dnp_r128fslwkx", "dnp_r128fslwnke"])
+                                     "dnp_r128fslwk2", "dnp_r128fslwnk2", "dnp_r128fslwkx", "dnp_r128fslwnke",
+                                     "dnp_r128fslwnkx"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'

@@ -394,6 +394,13 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnkex", prefetch=False, packed=True, staging_block=16, direct_staging=True,
                      maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
                      keys="mma", early_loads=True, open_share=True),
+        # ... and the two defaults with the open-page program taking a share of the sealed tiles
+        GluonVariant("dnp_r128fslwnkx", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     keys="mma", open_share=True),
+        GluonVariant("dnp_r128fslwnpx", prefetch=False, packed=True, staging_block=16, direct_staging=True,
+                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
+                     page_pairs=True, open_share=True),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
