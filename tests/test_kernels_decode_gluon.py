@@ -781,12 +781,14 @@ def test_the_gluon_default_rule(monkeypatch):
     monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
     for batch, waves in ((4, 16.0), (8, 16.0), (63, 16.0), (64, None), (96, None), (128, None)):
         t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, device=torch.device("cuda"), **fmt)
-        assert t.gluon and t.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT
         resident = kdecode.GLUON_RESIDENT
-        assert (t.waves, t.resident) == (waves, resident), batch
+        share = kdecode.gluon_share_rule(batch, 8, waves=waves, resident=resident)
+        assert t.gluon and t.gluon_variant == (kdecode.GLUON_DEFAULT_SHARE_VARIANT if share
+                                               else kdecode.GLUON_DEFAULT_VARIANT), batch
+        assert (t.waves, t.resident, t.fit) == (waves, resident, share), batch
         assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
         n = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
-        assert n == kdecode.pick_num_splits(batch, 8, waves=waves, resident=resident)
+        assert n == kdecode.pick_num_splits(batch, 8, waves=waves, resident=resident, fit=share)
     # the page-grid format's tuning: the same splits on the page default's 32-token Gluon tiles
     monkeypatch.setattr(kdecode, "gluon_default_reason", _real_reason)
     monkeypatch.setattr(gluon_decode, "gluon_available", lambda device=None: None)
@@ -801,7 +803,7 @@ def test_the_gluon_default_rule(monkeypatch):
         assert t.resident == kdecode.GLUON_RESIDENT
         page_layer = types.SimpleNamespace(bits=bits, k_ranges=object(), k_group=16, v_group=64)
         n = kdecode.decode_num_splits(8, 8, 128, 128, layer=page_layer, num_q_heads=32, device="cuda")
-        assert n == kdecode.pick_num_splits(8, 8, waves=16.0, resident=t.resident), bits
+        assert n == kdecode.pick_num_splits(8, 8, waves=16.0, resident=t.resident, fit=t.fit), bits
     # formats and shapes the default was not measured on keep the Triton stage 1: group key ranges at
     # G_K 16 (32-token tiles span two groups; the default variant takes one), head_dim 256 (64-token
     # Triton tiles)
@@ -822,6 +824,52 @@ def test_the_gluon_default_rule(monkeypatch):
         n = kdecode.pick_num_splits(batch, 8, num_sms=132, waves=None, resident=kdecode.GLUON_RESIDENT)
         assert n == gluon, batch
         assert kdecode.pick_num_splits(batch, 8, num_sms=132, waves=None) == triton_, batch
+
+
+def test_the_gluon_default_shares_the_sealed_tiles_where_its_last_wave_would_be_partial(monkeypatch):
+    """``gluon_share_rule`` on an H100 / H200's 132 SMs, requests at 8 KV heads: the Gluon default's
+    grid (``splits + 1`` programs per pair) fits whole waves of 16 resident programs, or its last wave
+    holds at most ``GLUON_SHARE_MIN_TAIL`` of the slots (16 requests: 64 of 2112, 3.0 %; measured
+    faster than the open share there), and the default variant runs; from a last wave of 6.1 %
+    (20 requests) the open-share variant runs at the one-wave split count, in both formats, and the
+    backend's workspace (``decode_num_splits``) is sized for that count. The share variants read
+    what the defaults read (same checks) and differ from them only by ``open_share``."""
+    import dataclasses
+
+    for share, base in ((kdecode.GLUON_DEFAULT_SHARE_VARIANT, kdecode.GLUON_DEFAULT_VARIANT),
+                        (kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT, kdecode.GLUON_DEFAULT_PAGE_VARIANT)):
+        v, b = gluon_decode.gluon_variant(share), gluon_decode.gluon_variant(base)
+        assert v.open_share and dataclasses.replace(v, name=base, open_share=False) == b
+    gluon_decode.check_gluon_key_page(kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT)
+    gluon_decode.check_gluon_key_groups(kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT, block_n=32, k_group=16)
+    monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=132))
+    slots = 132 * kdecode.GLUON_RESIDENT
+    unshared = (4, 8, 12, 14, 16, 18, 22, 24, 25, 30)  # last wave empty, or <= 5 % of the slots
+    shared = (20, 32, 40, 48, 56, 64, 72, 96, 100, 128)
+    for batch in unshared + shared:
+        waves = 16.0 if batch * 8 < 512 else None
+        n = kdecode.pick_num_splits(batch, 8, waves=waves, resident=kdecode.GLUON_RESIDENT)
+        tail = batch * 8 * (n + 1) / slots % 1
+        assert kdecode.gluon_share_rule(batch, 8, waves=waves, resident=kdecode.GLUON_RESIDENT) == (batch in shared)
+        assert (tail > kdecode.GLUON_SHARE_MIN_TAIL) == (batch in shared), (batch, tail)
+        for key_page, fmt in ((False, dict(k_group=32, v_group=32)), (True, dict(k_group=16, v_group=64))):
+            t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, key_page=key_page,
+                                       device=torch.device("cuda"), **fmt)
+            want = ((kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else kdecode.GLUON_DEFAULT_SHARE_VARIANT)
+                    if batch in shared else
+                    (kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT))
+            assert (t.gluon_variant, t.fit) == (want, batch in shared), (batch, key_page)
+            layer = types.SimpleNamespace(bits=2, k_ranges=object() if key_page else None, **fmt)
+            splits = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
+            if batch in shared:  # every program of the launch in one wave
+                assert splits == kdecode.pick_num_splits(batch, 8, resident=kdecode.GLUON_RESIDENT, fit=True)
+                assert batch * 8 * (splits + 1) <= slots < batch * 8 * (splits + 2)
+            else:
+                assert splits == n
+    # the split counts the H200 runs measured (benches/results/kernels_gluon_s32/share/)
+    assert [kdecode.pick_num_splits(b, 8, resident=16, fit=True) for b in (20, 32, 48, 64, 96, 128)] == [12, 7, 4, 3, 1, 1]
 
 
 @gpu
@@ -868,35 +916,43 @@ def test_the_default_decode_takes_the_gluon_step_from_64_pairs(monkeypatch, nan_
 
 @gpu
 @needs_gluon
-@pytest.mark.parametrize("bits,batch", [(2, 64), (4, 96)])
-def test_the_default_decode_from_512_pairs_balances_waves_of_16_gluon_programs(bits, batch, monkeypatch,
-                                                                                nan_empty):
-    """64 and 96 requests at 8 KV heads (512 and 768 pairs) on an sm_90 GPU: the launcher's own
-    choice is the Gluon step balanced over whole waves of ``GLUON_RESIDENT`` programs per SM, whose split count
-    ``decode_num_splits(..., layer=...)`` reports (what the backend sizes its graph workspace with)
-    and differs from the Triton rule's; it is bit-identical to asking for that tuning, and agrees
-    with the fused Triton step."""
+@pytest.mark.parametrize("bits,batch,key_page", [(2, 64, False), (4, 96, False), (2, 32, True), (4, 16, False)])
+def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bits, batch, key_page, monkeypatch,
+                                                                             nan_empty):
+    """16, 32, 64 and 96 requests at 8 KV heads (128-768 pairs) on an sm_90 GPU: the launcher's own
+    choice is the Gluon step, from 512 pairs balanced over whole waves of ``GLUON_RESIDENT`` programs
+    per SM; where that grid's last wave would be a partial one (``gluon_share_rule``: on 132 SMs at 32,
+    64 and 96 requests, not at 16) the open-share variant at the one-wave split count. The split count
+    ``decode_num_splits(..., layer=...)`` reports (what the backend sizes its graph workspace with) is
+    the one it runs; the output is bit-identical to asking for that tuning and agrees with the fused
+    Triton step; the paper format and the server's (page-grid key ranges)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon default is taken on sm_90 only")
     monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV, raising=False)
     gen = torch.Generator().manual_seed(batch)
     lens = tuple(int(x) for x in torch.randint(2, 1500, (batch,), generator=gen))
-    cfg = OscarConfig(bits=bits, page_size=128)
+    cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT) if key_page else OscarConfig(bits=bits, page_size=128)
     h, d, p = 8, 128, 128
     pool, out_default = _step_with_write(cfg, gluon=None, lens=lens)
     tune = kdecode._launch_tuning(batch, h, d, p, group=4, bits=bits, k_group=cfg.k_group, v_group=cfg.v_group,
-                                  key_page=False, device=torch.device("cuda"))
-    assert tune.gluon and tune.gluon_variant == kdecode.GLUON_DEFAULT_VARIANT
-    assert tune.waves is None and tune.resident == kdecode.GLUON_RESIDENT
+                                  key_page=key_page, device=torch.device("cuda"))
+    waves = kdecode._default_tuning(batch, h, d, p).waves
+    share = kdecode.gluon_share_rule(batch, h, waves=waves, resident=kdecode.GLUON_RESIDENT)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert share == (batch != 16)
+    base = kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT
+    shared = kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else kdecode.GLUON_DEFAULT_SHARE_VARIANT
+    assert tune.gluon and tune.gluon_variant == (shared if share else base) and tune.fit == share
+    assert tune.waves == waves and tune.resident == kdecode.GLUON_RESIDENT
     splits = kdecode.decode_num_splits(batch, h, d, p, layer=pool.layer, num_q_heads=4 * h, device=torch.device("cuda"))
-    assert splits == kdecode.pick_num_splits(batch, h, waves=None, resident=kdecode.GLUON_RESIDENT)
-    assert splits != kdecode.decode_num_splits(batch, h, d, p)  # the Triton rule's count
-    explicit = dict(gluon_variant=kdecode.GLUON_DEFAULT_VARIANT, resident=kdecode.GLUON_RESIDENT)
+    assert splits == kdecode.pick_num_splits(batch, h, waves=waves, resident=kdecode.GLUON_RESIDENT, fit=share)
+    explicit = dict(gluon_variant=tune.gluon_variant, resident=kdecode.GLUON_RESIDENT, fit=share, block_n=tune.block_n)
     _, out_explicit = _step_with_write(cfg, gluon=True, lens=lens, tune=explicit)
+    _, out_split = _step_with_write(cfg, gluon=True, lens=lens, tune={**explicit, "fit": False, "num_splits": splits})
     _, out_triton = _step_with_write(cfg, gluon=False, lens=lens)
-    assert torch.equal(out_default, out_explicit)
+    assert torch.equal(out_default, out_explicit) and torch.equal(out_default, out_split)
     assert not torch.isnan(out_default).any()
     err = rel_rms(out_default.float(), out_triton.float())
     # the lean INT2 default's rounding (LEAN_BOUND; H100, session 28: 6.8e-3 at 64 requests, INT2)
-    assert err < _bound(kdecode.GLUON_DEFAULT_VARIANT, bits, 1e-3), \
-        f"default (Gluon, {splits} splits) vs Triton step: relative RMS {err:.2e}"
+    assert err < _bound(tune.gluon_variant, bits, 1e-3), \
+        f"default ({tune.gluon_variant}, {splits} splits) vs Triton step: relative RMS {err:.2e}"

@@ -327,8 +327,8 @@ def pick_num_splits(batch: int, num_kv_heads: int, num_sms: int | None = None, w
 
     ``fit`` (``waves`` then unused): the most splits whose ``splits + 1`` programs per pair fit the
     SMs' ``resident`` slots in one wave, at least 1: for a Gluon variant whose open-page program takes
-    an equal share of the sealed tiles (``GluonVariant.open_share``; no launcher rule uses it yet:
-    ``bench_decode.py --gluon-fit`` times it, benches/results/kernels_gluon_s27).
+    an equal share of the sealed tiles (``GluonVariant.open_share``; the default takes it where
+    ``gluon_share_rule`` says so; ``bench_decode.py --gluon-fit`` times it, kernels_gluon_s27, s32).
 
     ``waves`` a number: about ``waves`` programs per SM in all, the open-page program of each
     (request, head) included (``splits + 1`` programs per pair). ``waves`` None (balanced): the
@@ -408,6 +408,10 @@ class _DecodeTuning:
             and one separate-merge variant, not one per split count (``"splits"``: the next power
             of two of the split count, capped at ~4K fp32: the rule before session 18, for
             comparison). The fused merge runs when the partials fit two ~4K-fp32 loads, as before.
+        fit: the split count whose ``splits + 1`` programs per pair fit one wave of ``resident``
+            programs per SM (``pick_num_splits(fit=True)``; ``waves`` then unused): with a Gluon
+            variant whose open-page program takes a share of the sealed tiles (``open_share``), where
+            the launcher's rule takes one (``gluon_share_rule``).
     """
 
     block_n: int
@@ -423,6 +427,7 @@ class _DecodeTuning:
     gluon_variant: str = "regs1"
     resident: int = RESIDENT_PROGRAMS_PER_SM
     merge_chunk: int | str | None = None
+    fit: bool = False
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
@@ -457,7 +462,7 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
                               key_page=layer.k_ranges is not None, device=torch.device(device))
     else:
         tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
-    return pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident)
+    return pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident, fit=tune.fit)
 
 
 #: The Gluon stage-1 variant the default decode runs where ``gluon_default_reason`` allows it: no
@@ -519,6 +524,39 @@ GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwnp"
 GLUON_DEFAULT_PAGE_BLOCK_N = 32
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
+#: The Gluon variants the default takes where ``gluon_share_rule`` says the launch's last wave would
+#: be a partial one: ``GLUON_DEFAULT_VARIANT`` / ``GLUON_DEFAULT_PAGE_VARIANT`` with the open-page
+#: program (the new token's write, the open page's last tile) taking an equal share of the sealed
+#: tiles (``GluonVariant.open_share``), at the split count whose programs fit one wave.
+GLUON_DEFAULT_SHARE_VARIANT = "dnp_r128fslwnkx"
+GLUON_DEFAULT_PAGE_SHARE_VARIANT = "dnp_r128fslwnpx"
+#: ``gluon_share_rule``: the share of a wave the launch's last, partial wave must exceed before the
+#: default takes the open-share variant at the one-wave split count. H200, whole steps, side by side
+#: (benches/results/kernels_gluon_s32/share/): at 128 pairs (16 requests at 8 KV heads: 17 programs
+#: per pair, a last wave of 64 programs, 3.0 % of the 2112 slots) the launcher's grid is 0.8-4 %
+#: faster; from 160 pairs (a last wave of 6.1 % and more) the open share at the one-wave count is
+#: 1.3-2.8 % faster at 160-512 pairs and 3-10 % at 768-1024 (paper format and the server's
+#: page-grid format, INT2 and INT4); on an H100 the same signs (sessions 27, 28, 32).
+GLUON_SHARE_MIN_TAIL = 0.05
+
+
+def gluon_share_rule(batch: int, num_kv_heads: int, *, waves: float | None, resident: int,
+                     num_sms: int | None = None) -> bool:
+    """Whether the Gluon default runs its open-share variant at the one-wave split count
+    (``pick_num_splits(fit=True)``) instead of ``GLUON_DEFAULT_VARIANT`` at ``pick_num_splits(waves,
+    resident)``'s: True when that split count's grid (``splits + 1`` programs per (request, KV
+    head) pair) ends in a partial wave of more than ``GLUON_SHARE_MIN_TAIL`` of the SMs' resident
+    slots. There the last wave holds the open-page programs (launched last, the write's latency
+    and the open page's last tile) or whole sealed programs, and the step waits for it; fitting
+    every program into one wave, the open-page program taking a share of the sealed tiles so that
+    no program of the launch is a short one, removes that wave (sessions 27-32). Depends on the
+    batch size only (one CUDA graph per batch size). ``num_sms``: as ``pick_num_splits``."""
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
+    pairs = max(1, batch * num_kv_heads)
+    splits = pick_num_splits(batch, num_kv_heads, num_sms=num_sms, waves=waves, resident=resident)
+    w = pairs * (splits + 1) / (num_sms * resident)
+    return w - math.floor(w) > GLUON_SHARE_MIN_TAIL
 
 
 def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim: int, bits: int, k_group: int,
@@ -573,12 +611,18 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     (``GLUON_DEFAULT_VARIANT``; for page-grid key ranges ``GLUON_DEFAULT_PAGE_VARIANT`` on
     ``gluon_block_n``'s tiles) where ``gluon_default_reason`` allows it, its split count balanced
     over whole waves of ``GLUON_RESIDENT`` programs per SM where the Triton tuning balances over 8
-    (from 512 pairs on; the same split count below). ``decode_num_splits(..., layer=...)`` gives its split count."""
+    (from 512 pairs on; the same split count below); where that grid would end in a partial wave
+    (``gluon_share_rule``), the open-share variant (``GLUON_DEFAULT_SHARE_VARIANT``,
+    ``GLUON_DEFAULT_PAGE_SHARE_VARIANT``) at the one-wave split count (``fit``).
+    ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
     block_n = gluon_block_n(tune.block_n, k_group, key_page)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=block_n,
                             device=device) is None:
+        if gluon_share_rule(batch, num_kv_heads, waves=tune.waves, resident=GLUON_RESIDENT):
+            variant = GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else GLUON_DEFAULT_SHARE_VARIANT
+            return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n, fit=True)
         variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
         return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n)
     return tune
@@ -700,7 +744,7 @@ def oscar_decode_attention(
         num_splits = tune.num_splits
     else:
         num_splits = (workspace[0].shape[2] - 1 if workspace is not None
-                      else pick_num_splits(b, h, waves=tune.waves, resident=tune.resident))
+                      else pick_num_splits(b, h, waves=tune.waves, resident=tune.resident, fit=tune.fit))
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:

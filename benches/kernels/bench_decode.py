@@ -319,14 +319,14 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
                  for v in variants]
     # the launcher's own choice for this launch (the Gluon default where it takes it, at its split count)
     lt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
-    n = _dec.pick_num_splits(batch, H, waves=lt.waves, resident=lt.resident)
+    n = _dec.pick_num_splits(batch, H, waves=lt.waves, resident=lt.resident, fit=lt.fit)
     res["launcher"] = {"gluon": lt.gluon_variant if lt.gluon else None, "num_splits": n}
     labels.append("launcher")
     cols.append(("gluon:launcher", lt, decode_workspace(batch, HQ, H, D, n, DEV)))
     for v, bn in page_rules:
         with _page_rule(v, bn):
             rt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
-            n = _dec.pick_num_splits(batch, H, waves=rt.waves, resident=rt.resident)
+            n = _dec.pick_num_splits(batch, H, waves=rt.waves, resident=rt.resident, fit=rt.fit)
         label = f"rule {v}@{bn}"
         res.setdefault("page_rules", {})[label] = {"gluon": rt.gluon_variant if rt.gluon else None,
                                                     "block_n": rt.block_n, "num_splits": n}
@@ -433,7 +433,7 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
         else:
             tune = dataclasses.replace(default, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                        transposed=bool(tr))
-        splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident)
+        splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         desc = {"block_n": tune.block_n, "num_warps": tune.num_warps, "num_stages": tune.num_stages, "waves": tune.waves,
                 "maxnreg": tune.maxnreg, "transposed": tune.transposed, "default": is_default,
@@ -502,7 +502,7 @@ def _default_launch_setup(bits: int, batch: int, ctx: int, budget: float, defaul
     del probe
     copies = copies_for(per_call, budget)
     st = OscarSetup(bits, batch, ctx, copies, **fmt)
-    ws = decode_workspace(batch, HQ, H, D, _dec.pick_num_splits(batch, H, waves=default.waves, resident=default.resident), DEV)
+    ws = decode_workspace(batch, HQ, H, D, _dec.pick_num_splits(batch, H, waves=default.waves, resident=default.resident, fit=default.fit), DEV)
     return st, ws, per_call, copies
 
 
@@ -541,7 +541,7 @@ def bench_merge_chunk(bits: int, batch: int, ctx: int, budget: float) -> list[di
     paper formats, CUDA graphs over distinct copies, side by side."""
     rows = []
     default = _dec._default_tuning(batch, H, D, P)
-    splits = _dec.pick_num_splits(batch, H, waves=default.waves, resident=default.resident)
+    splits = _dec.pick_num_splits(batch, H, waves=default.waves, resident=default.resident, fit=default.fit)
     for name, kg, vg, page in (("paper G_K32 G_V32", 32, 32, False), ("page G_K16 G_V64", 16, 64, True)):
         st, ws, _, copies = _default_launch_setup(bits, batch, ctx, budget, default, k_group=kg, v_group=vg, key_page=page)
         for rule in (None, "splits"):
@@ -580,7 +580,7 @@ def count_capture_compiles(bits: int, ctx: int = 256) -> list[dict]:
             for b in CAPTURE_BATCHES:
                 st = OscarSetup(bits, b, ctx, 1, k_group=16, v_group=64, key_page=True)
                 tune = dataclasses.replace(_dec._default_tuning(b, H, D, P), merge_chunk=rule)
-                splits = _dec.pick_num_splits(b, H, waves=tune.waves, resident=tune.resident)
+                splits = _dec.pick_num_splits(b, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)
                 st.call(0, tuning=tune, ws=decode_workspace(b, HQ, H, D, splits, DEV))()
                 torch.cuda.synchronize()
                 del st

@@ -595,7 +595,7 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     loc = torch.tensor([last[b] * p + (n - 1) % p for b, n in enumerate(lens[:-1])] + [5])
     sm = 1.0 / math.sqrt(d)
     tune = kdecode._default_tuning(len(lens), h, d, p)
-    n_split = kdecode.pick_num_splits(len(lens), h, waves=tune.waves, resident=tune.resident)
+    n_split = kdecode.pick_num_splits(len(lens), h, waves=tune.waves, resident=tune.resident, fit=tune.fit)
     tri = oscar_decode_attention(q=q, **pools[1].pool_kwargs(), kv_indptr=pools[1].kv_indptr,
                                  kv_page_indices=pools[1].kv_page_indices, seq_lens=seq_lens, sm_scale=sm, new_k=k_new,
                                  new_v=v_new, new_loc=loc, staging_scale=pools[1].staging_scale,

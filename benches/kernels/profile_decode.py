@@ -53,7 +53,7 @@ def main() -> None:
     if args.config == "default":  # what the backend's launch picks for this batch (Triton or the Gluon default)
         tune = _dec._launch_tuning(batch, H, D, P, group=HQ // H, bits=args.bits, **fmt, device=torch.device(DEV))
         if args.waves is not None:
-            tune = dataclasses.replace(tune, waves=args.waves)
+            tune = dataclasses.replace(tune, waves=args.waves, fit=False)
     elif args.config.startswith("gluon"):
         variant = args.config.partition(":")[2] or "regs1"
         # the launcher's split rule for the Gluon default (waves of its resident programs from 512 pairs)
@@ -61,13 +61,13 @@ def main() -> None:
         tune = dataclasses.replace(tune, gluon=True, gluon_variant=variant, waves=lt.waves, resident=lt.resident,
                                    block_n=_dec.gluon_block_n(tune.block_n, fmt["k_group"], fmt["key_page"]))
         if args.waves is not None:
-            tune = dataclasses.replace(tune, waves=args.waves)
+            tune = dataclasses.replace(tune, waves=args.waves, fit=False)
     else:
         bn, nw, ns, waves, mr, tr = parse_variant(args.config)
     if bn != 0:
         tune = dataclasses.replace(tune, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                    transposed=bool(tr))
-    splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident)
+    splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)
     st = OscarSetup(args.bits, batch, ctx, 1, **fmt)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     run = st.call(0, tuning=tune, ws=ws, mode=args.mode)
