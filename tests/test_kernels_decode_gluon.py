@@ -371,7 +371,7 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
                         (pool16, "dnp_r128fslwt3")):
         with pytest.raises(ValueError, match=f"Gluon variant '{variant}' takes one key group per tile; 32-token tiles "
                                              f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn, "
-                                             f"dnp_r128fslwnp$"):
+                                             f"dnp_r128fslwnp, dnp_r128fslwnpe, dnp_r128fslwnpx$"):
             _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
     with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=8 \\(or twice it"):
         gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
