@@ -533,10 +533,10 @@ GLUON_DEFAULT_PAGE_SHARE_VARIANT = "dnp_r128fslwnpx"
 #: ``gluon_share_rule``: the share of a wave the launch's last, partial wave must exceed before the
 #: default takes the open-share variant at the one-wave split count. H200, whole steps, side by side
 #: (benches/results/kernels_gluon_s32/share/): at 128 pairs (16 requests at 8 KV heads: 17 programs
-#: per pair, a last wave of 64 programs, 3.0 % of the 2112 slots) the launcher's grid is 0.8-4 %
-#: faster; from 160 pairs (a last wave of 6.1 % and more) the open share at the one-wave count is
-#: 1.3-2.8 % faster at 160-512 pairs and 3-10 % at 768-1024 (paper format and the server's
-#: page-grid format, INT2 and INT4); on an H100 the same signs (sessions 27, 28, 32).
+#: per pair, a last wave of 64 programs, 3.0 % of the 2112 slots) the open share takes 0.8-4.1 %
+#: more time than the launcher's grid; from 160 pairs (a last wave of 6.1 % and more) 1.3-2.9 % less
+#: at 160-512 pairs and 3.0-8.8 % less at 768-1024 (paper format and the server's page-grid format,
+#: INT2 and INT4); on an H100 the same signs (sessions 27, 28, 32).
 GLUON_SHARE_MIN_TAIL = 0.05
 
 
