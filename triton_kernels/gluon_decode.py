@@ -1491,6 +1491,42 @@ if gl is not None:
         return x
 
     @gluon.jit
+    def _new_rows(new_k_ptr, new_v_ptr, krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, D: gl.constexpr,
+                  LOG2D: gl.constexpr, ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr,
+                  LROW: gl.constexpr):
+        """The new token's K and V of KV head ``i_h`` of request ``i_b``, rotated as stored (the key
+        only where head ``i_h``'s keys are, with KEY_MASK): fp32 ``[1, D]`` each in ``LROW``."""
+        o_1 = gl.arange(0, 1, layout=gl.SliceLayout(1, LROW))
+        m_1 = o_1 >= 0
+        r_1 = m_1
+        if KEY_MASK:
+            r_1 = gl.load(krot_ptr + i_h + o_1) != 0
+        b_k = _rotated_rows(new_k_ptr, i_b * stride_kb + i_h * stride_kh, 0, o_1, m_1, r_1, D, LOG2D, 1, ROTATE,
+                            INV_SQRT_D, KEY_MASK, LROW)
+        b_v = _rotated_rows(new_v_ptr, i_b * stride_vb + i_h * stride_vh, 0, o_1, m_1, m_1, D, LOG2D, 1, ROTATE,
+                            INV_SQRT_D, False, LROW)
+        return b_k, b_v
+
+    @gluon.jit
+    def _layer_key_sumsq(new_k_ptr, krot_ptr, i_b, stride_kb, stride_kh, H: gl.constexpr, D: gl.constexpr,
+                         LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr, ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr,
+                         KEY_MASK: gl.constexpr, LROW: gl.constexpr):
+        """The sum of squares of every head's new key of request ``i_b`` as stored (the layer norm's
+        s_t squared), HC heads at a time (registers)."""
+        HC: gl.constexpr = min(BLOCK_HK, 8)
+        ss = gl.sum(gl.zeros([HC], gl.float32, gl.SliceLayout(1, LROW)), axis=0)
+        for c in gl.static_range(BLOCK_HK // HC):
+            o_h = c * HC + gl.arange(0, HC, layout=gl.SliceLayout(1, LROW))
+            m_h = o_h < H
+            r_h = m_h
+            if KEY_MASK:
+                r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
+            b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, HC, ROTATE, INV_SQRT_D,
+                                 KEY_MASK, LROW)
+            ss += gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0)
+        return ss
+
+    @gluon.jit
     def _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, krot_ptr, i_b,
                      i_h, stride_kb, stride_kh, stride_vb, stride_vh, H: gl.constexpr, D: gl.constexpr,
                      P: gl.constexpr, S: gl.constexpr, LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr,
@@ -1504,34 +1540,17 @@ if gl is not None:
         slot = loc % P
         stg = gl.load(p2s_ptr + page).to(gl.int64)
         if stg >= 0:
-            o_1 = gl.arange(0, 1, layout=gl.SliceLayout(1, LROW))
-            m_1 = o_1 >= 0
-            r_1 = m_1
-            if KEY_MASK:
-                r_1 = gl.load(krot_ptr + i_h + o_1) != 0
-            b_k = _rotated_rows(new_k_ptr, i_b * stride_kb + i_h * stride_kh, 0, o_1, m_1, r_1, D, LOG2D, 1, ROTATE,
-                                INV_SQRT_D, KEY_MASK, LROW)
-            b_v = _rotated_rows(new_v_ptr, i_b * stride_vb + i_h * stride_vh, 0, o_1, m_1, m_1, D, LOG2D, 1, ROTATE,
-                                INV_SQRT_D, False, LROW)
+            b_k, b_v = _new_rows(new_k_ptr, new_v_ptr, krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, D,
+                                 LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, LROW)
             o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
-            o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :] + o_1[:, None] * 0
+            o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
             gl.store(stg_k_ptr + o_stg, b_k.to(gl.bfloat16))
             gl.store(stg_v_ptr + o_stg, b_v.to(gl.bfloat16))
             p_scale = stg_scale_ptr + (stg * P + slot) * S
             if S == 1:
-                if i_h == 0:  # the layer norm needs every head's rotated key, HC heads at a time (registers)
-                    HC: gl.constexpr = min(BLOCK_HK, 8)
-                    ss = gl.sum(gl.zeros([HC], gl.float32, gl.SliceLayout(1, LROW)), axis=0)
-                    for c in gl.static_range(BLOCK_HK // HC):
-                        o_h = c * HC + gl.arange(0, HC, layout=gl.SliceLayout(1, LROW))
-                        m_h = o_h < H
-                        r_h = m_h
-                        if KEY_MASK:
-                            r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
-                        b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, HC,
-                                             ROTATE, INV_SQRT_D, KEY_MASK, LROW)
-                        ss += gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0)
-                    b_s = gl.sqrt_rn(ss)
+                if i_h == 0:  # the layer norm needs every head's rotated key
+                    b_s = gl.sqrt_rn(_layer_key_sumsq(new_k_ptr, krot_ptr, i_b, stride_kb, stride_kh, H, D, LOG2D,
+                                                      BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LROW))
                     gl.store(p_scale, gl.where(b_s > 0.0, b_s, 1.0))
             elif S > 1:
                 b_s = gl.sqrt_rn(gl.sum(gl.sum(b_k * b_k, axis=1), axis=0))
@@ -1548,33 +1567,18 @@ if gl is not None:
         ``slot``) was issued at the program's start, and the new K/V (and, the layer norm's program,
         every head's key) do not wait for it; the stores are masked by it (padding slots, mapped to
         no staging slot, are not written)."""
-        o_1 = gl.arange(0, 1, layout=gl.SliceLayout(1, LROW))
-        m_1 = o_1 >= 0
-        r_1 = m_1
-        if KEY_MASK:
-            r_1 = gl.load(krot_ptr + i_h + o_1) != 0
-        b_k = _rotated_rows(new_k_ptr, i_b * stride_kb + i_h * stride_kh, 0, o_1, m_1, r_1, D, LOG2D, 1, ROTATE,
-                            INV_SQRT_D, KEY_MASK, LROW)
-        b_v = _rotated_rows(new_v_ptr, i_b * stride_vb + i_h * stride_vh, 0, o_1, m_1, m_1, D, LOG2D, 1, ROTATE,
-                            INV_SQRT_D, False, LROW)
-        HC: gl.constexpr = min(BLOCK_HK, 8)
-        ss = gl.sum(gl.zeros([HC], gl.float32, gl.SliceLayout(1, LROW)), axis=0)
+        b_k, b_v = _new_rows(new_k_ptr, new_v_ptr, krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, D,
+                             LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, LROW)
+        ss = gl.sum(gl.sum(b_k * 0.0, axis=1), axis=0)
         if S == 1:
-            if i_h == 0:  # the layer norm needs every head's rotated key, HC heads at a time (registers)
-                for c in gl.static_range(BLOCK_HK // HC):
-                    o_h = c * HC + gl.arange(0, HC, layout=gl.SliceLayout(1, LROW))
-                    m_h = o_h < H
-                    r_h = m_h
-                    if KEY_MASK:
-                        r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
-                    b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, HC,
-                                         ROTATE, INV_SQRT_D, KEY_MASK, LROW)
-                    ss += gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0)
+            if i_h == 0:  # the layer norm needs every head's rotated key
+                ss = _layer_key_sumsq(new_k_ptr, krot_ptr, i_b, stride_kb, stride_kh, H, D, LOG2D, BLOCK_HK, ROTATE,
+                                      INV_SQRT_D, KEY_MASK, LROW)
         elif S > 1:
             ss = gl.sum(gl.sum(b_k * b_k, axis=1), axis=0)
         b_s = gl.sqrt_rn(ss)
         o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
-        o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :] + o_1[:, None] * 0
+        o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
         m_stg = o_stg * 0 + stg >= 0
         gl.store(stg_k_ptr + o_stg, b_k.to(gl.bfloat16), mask=m_stg)
         gl.store(stg_v_ptr + o_stg, b_v.to(gl.bfloat16), mask=m_stg)

@@ -405,7 +405,7 @@ def kernel_functions(ctx):
     g["_LAZY_TAU"] = G._LAZY_TAU.value
     names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_key_param_pairs_spread", "_page_group_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
-             "_fused_write", "_fused_write_early", "_merge_heads", "_key_channel",
+             "_new_rows", "_layer_key_sumsq", "_fused_write", "_fused_write_early", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
         fn = getattr(G, n).fn
