@@ -282,6 +282,11 @@ class GluonVariant:
 
 _KEY_MODES = ("dequant", "fold", "magic", "mma", "mma_magic")  # the KEYS constexpr of the kernel: 0 .. 4
 
+#: The streaming of the session-29..32 defaults (lean INT2, everything fused, 128 registers) that
+#: their later variants extend.
+_LEAN_FUSED = dict(prefetch=False, packed=True, staging_block=16, direct_staging=True, maxnreg=128, fused=True,
+                   spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True)
+
 GLUON_VARIANTS: dict[str, GluonVariant] = {
     v.name: v
     for v in (
@@ -383,24 +388,14 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
                      page_pairs=True),
         # session 32: the two defaults with the loads no store feeds issued before the stores
         # (``early_loads``: the open-page program's write and open-page lookups in parallel)
-        GluonVariant("dnp_r128fslwnke", prefetch=False, packed=True, staging_block=16, direct_staging=True,
-                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
-                     keys="mma", early_loads=True),
-        GluonVariant("dnp_r128fslwnpe", prefetch=False, packed=True, staging_block=16, direct_staging=True,
-                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
-                     page_pairs=True, early_loads=True),
-        # ... and the paper default's with the open-page program taking a share of the sealed tiles
-        # (``open_share``; timed at the one-wave split count, ``bench_decode.py --gluon-fit``)
-        GluonVariant("dnp_r128fslwnkex", prefetch=False, packed=True, staging_block=16, direct_staging=True,
-                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
-                     keys="mma", early_loads=True, open_share=True),
-        # ... and the two defaults with the open-page program taking a share of the sealed tiles
-        GluonVariant("dnp_r128fslwnkx", prefetch=False, packed=True, staging_block=16, direct_staging=True,
-                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
-                     keys="mma", open_share=True),
-        GluonVariant("dnp_r128fslwnpx", prefetch=False, packed=True, staging_block=16, direct_staging=True,
-                     maxnreg=128, fused=True, spread_open=True, lazy_rescale=True, pair_words=True, lean_dequant=True,
-                     page_pairs=True, open_share=True),
+        GluonVariant("dnp_r128fslwnke", **_LEAN_FUSED, keys="mma", early_loads=True),
+        GluonVariant("dnp_r128fslwnpe", **_LEAN_FUSED, page_pairs=True, early_loads=True),
+        # ... and the two defaults (one also with early loads) with the open-page program taking a
+        # share of the sealed tiles (``open_share``: the default where ``decode.gluon_share_rule``
+        # says so, at the one-wave split count; ``bench_decode.py --gluon-fit`` times them there)
+        GluonVariant("dnp_r128fslwnkex", **_LEAN_FUSED, keys="mma", early_loads=True, open_share=True),
+        GluonVariant("dnp_r128fslwnkx", **_LEAN_FUSED, keys="mma", open_share=True),
+        GluonVariant("dnp_r128fslwnpx", **_LEAN_FUSED, page_pairs=True, open_share=True),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
