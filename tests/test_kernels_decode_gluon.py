@@ -207,6 +207,35 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
+def test_gluon_min_tiles_leaves_the_last_programs_of_a_large_grid_empty_on_the_cpu():
+    """``GluonVariant.min_tiles`` (8 here): 16 splits over requests of 300, 1500 and 40 tokens give
+    the long request 6 programs of 8 sealed tiles (of 44), the 300-token one one program, and the
+    splits between them and the open page's spread tiles no tile at all; the empty partials
+    (log-sum-exp -inf) fall out of the merge: the same attention as the reference and the Triton
+    kernel, also in a sliding window and at INT4."""
+    chk = _numpy_check_module()
+    variant = "dnp_r128fslwnkm8"
+    assert gluon_decode.gluon_variant(variant).min_tiles == 8
+    for bits in (2, 4):
+        lse = []
+        err, agree = chk.check(bits, 2, 4, 128, [300, 1500, 40], {1}, "layer", 32, 16, bits, variant, partials=lse)
+        empty = torch.isinf(lse[0][:, :, :16]).all(dim=1)  # [request, sealed split]: no tile in any head
+        # 1500 tokens: 44 sealed tiles, 8 per program (splits 0-5), and the open page's 92 tokens in 16-token
+        # tiles, all but the last spread over splits 15, 14, .., 11 (spread_open); 300 tokens: 8 sealed tiles
+        # (split 0), the open page's 44 tokens: two tiles on splits 15 and 14
+        assert empty[1].tolist() == [False] * 6 + [True] * 5 + [False] * 5, empty[1]
+        assert empty[0].tolist() == [False] + [True] * 13 + [False] * 2, empty[0]
+        assert err < ATTN_BOUND_FP32_OUT, f"INT{bits} vs reference: relative RMS {err:.2e}"
+        assert agree < _bound(variant, bits, 1e-3), f"INT{bits} vs the Triton kernel: relative RMS {agree:.2e}"
+    err, agree = chk.check(2, 1, 4, 64, [1, 63, 9 * 64 + 5], {2}, "layer", 16, 8, 32, variant, window_left=300)
+    assert err < ATTN_BOUND_FP32_OUT and agree < _bound(variant, 2, 1e-3), (err, agree)
+    with pytest.raises(ValueError, match="min_tiles must be in"):
+        gluon_decode.GluonVariant("bad", min_tiles=-1)
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
 @pytest.mark.parametrize("variant,fmt,block_n", [  # each ring form on several formats, each format on one form
     ("dnp_r128fslwt3", {"v_group": 16}, 32), ("dnp_r128fslwnkt3", {"v_group": 64}, 16),
     ("dnp_r128fslwt2x2", {"v_group": 128}, 32), ("dnp_r128fslwnkt3", {"k_group": 64}, 32),

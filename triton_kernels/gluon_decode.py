@@ -193,7 +193,17 @@ class GluonVariant:
             -> staging slot -> K/V -> stores) and then the open page's (length -> page -> staging
             slot -> tile) one dependent load after another: ~7 memory round trips before its first
             math, ~4 now; the write's share of the step at 256-512 pairs, where the open-page
-            programs run last, is that chain (session 27). Same values, same stores.
+            programs run last, is that chain (session 27). Same values, same stores. Session 32,
+            H100: the write's share unchanged (6.0-6.9 % at 256-512 pairs INT2), whole steps within
+            1 % but 4-5 % faster at (32, 1024); not adopted (benches/results/kernels_gluon_s32/).
+        min_tiles: at least this many sealed tiles per program (0: none): the sealed range is split
+            into ``ceil(tiles / programs)`` tiles per program as before, but never fewer than
+            ``min_tiles``, so at short contexts the last programs of a large grid get no sealed tile
+            (an empty partial, log-sum-exp -inf) instead of one or two each. For single requests:
+            a grid that fills the GPU at 131072 tokens (hundreds of splits per pair; a split count
+            may not depend on lengths, one CUDA graph per batch size) without hundreds of one-tile
+            programs at 4K tokens, where session 25 measured such a grid 0.69-0.76x the Triton step.
+            Prepared in session 32, not timed yet.
     """
 
     name: str
@@ -216,6 +226,7 @@ class GluonVariant:
     open_share: bool = False
     page_pairs: bool = False
     early_loads: bool = False
+    min_tiles: int = 0
 
     @property
     def key_mode(self) -> int:
@@ -229,7 +240,7 @@ class GluonVariant:
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
                 "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first,
                 "TWO": self.two_tiles, "OPEN_SHARE": self.open_share, "PAGE_PAIRS": self.page_pairs,
-                "EARLY": self.early_loads}
+                "EARLY": self.early_loads, "MIN_TILES": self.min_tiles}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -276,6 +287,8 @@ class GluonVariant:
         if self.early_loads and (not self.spread_open or self.tma):
             raise ValueError("GluonVariant.early_loads orders the loads of the register path whose open page is spread "
                              "over the splits (spread_open=True, no TMA ring)")
+        if not 0 <= self.min_tiles <= 1024:
+            raise ValueError(f"GluonVariant.min_tiles must be in [0, 1024], got {self.min_tiles}")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -396,6 +409,10 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnkex", **_LEAN_FUSED, keys="mma", early_loads=True, open_share=True),
         GluonVariant("dnp_r128fslwnkx", **_LEAN_FUSED, keys="mma", open_share=True),
         GluonVariant("dnp_r128fslwnpx", **_LEAN_FUSED, page_pairs=True, open_share=True),
+        # ... and the paper default with at least 8 sealed tiles per program (``min_tiles``), to time
+        # single requests on a grid of hundreds of splits (``bench_decode.py --gluon-fit
+        # --gluon-max-splits 512``)
+        GluonVariant("dnp_r128fslwnkm8", **_LEAN_FUSED, keys="mma", min_tiles=8),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -1662,7 +1679,7 @@ if gl is not None:
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
-        EARLY: gl.constexpr = False,
+        EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1742,9 +1759,13 @@ if gl is not None:
             if WINDOW:
                 t_first = lo // BLOCK_N
                 per = (gl.maximum(n_tiles - t_first, 0) + n_parts - 1) // n_parts
+                if MIN_TILES > 0:  # GluonVariant.min_tiles
+                    per = gl.maximum(per, MIN_TILES)
                 t_lo = t_first + i_s * per
             else:
                 per = (n_tiles + n_parts - 1) // n_parts
+                if MIN_TILES > 0:  # GluonVariant.min_tiles
+                    per = gl.maximum(per, MIN_TILES)
                 t_lo = i_s * per
             t_hi = gl.minimum(t_lo + per, n_tiles)
             if SPREAD:
@@ -1791,9 +1812,13 @@ if gl is not None:
                 if WINDOW:
                     t_first = lo // BLOCK_N
                     per = (gl.maximum(n_tiles - t_first, 0) + n_parts - 1) // n_parts
+                    if MIN_TILES > 0:  # GluonVariant.min_tiles
+                        per = gl.maximum(per, MIN_TILES)
                     t_lo = gl.minimum(t_first + n_split * per, gl.maximum(n_tiles, t_first))
                 else:
                     per = (n_tiles + n_parts - 1) // n_parts
+                    if MIN_TILES > 0:  # GluonVariant.min_tiles
+                        per = gl.maximum(per, MIN_TILES)
                     t_lo = gl.minimum(n_split * per, n_tiles)
                 t_hi = n_tiles
                 if stg < 0:

@@ -312,7 +312,7 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
         cols += [(f"gluon:{v}@w{w:g}", dataclasses.replace(default, gluon=True, gluon_variant=v, waves=w, **gbn), ws_w)
                  for v in variants]
     if fit:  # the workspace sets the split count (oscar_decode_attention: num_splits None)
-        n = _dec.pick_num_splits(batch, H, resident=_dec.GLUON_RESIDENT, fit=True)
+        n = _dec.pick_num_splits(batch, H, resident=_dec.GLUON_RESIDENT, fit=True, max_splits=max_splits)
         res["num_splits_fit"] = n
         ws_f = decode_workspace(batch, HQ, H, D, n, DEV)
         cols += [(f"gluon:{v}@fit", dataclasses.replace(default, gluon=True, gluon_variant=v, **gbn), ws_f)

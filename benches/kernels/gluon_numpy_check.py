@@ -530,10 +530,11 @@ def _merge_in_launch(n_split, group, d):
 
 
 def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, variant="regs1", window_left=None,
-          fmt=None):
+          fmt=None, partials=None):
     """One pool, its Gluon stage 1 (the numpy stand-in) against the reference and the Triton kernel:
     (relative RMS vs the reference, vs the Triton kernel). ``fmt``: fields over PAPER_FORMAT (the
-    format the Gluon design reads), e.g. other value or key group sizes."""
+    format the Gluon design reads), e.g. other value or key group sizes. ``partials``: a list the
+    stage 1's log-sum-exps ``[B, Hq, splits + 1]`` are appended to."""
     d = 128
     cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **{**PAPER_FORMAT, **(fmt or {})})
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
@@ -550,6 +551,8 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
     run_stage1(pool, q_rot, g, part_o, part_lse, block_n, min(p, 32), sm, variant=variant,
                fused={"rotation": cfg.rotation, **({"out": out} if merge_in else {})} if fused else None,
                window_left=window_left)
+    if partials is not None:
+        partials.append(part_lse.clone())
     if not merge_in:
         kdecode.merge_launch(part_o, part_lse, out, rotation=cfg.rotation and not fused)
     err = rel_rms(out, reference_decode(pool, q, sm, window_left=window_left))
