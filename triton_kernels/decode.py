@@ -395,7 +395,7 @@ class _DecodeTuning:
             (the query rotation, the write and the partials' inverse rotation in the Gluon launch,
             then the plain merge: two launches, one with few splits). The default where
             ``gluon_default_reason`` finds nothing against it (sm_90 with Triton 3.6's Gluon,
-            32-1024 (request, KV head) pairs, a format and shape the Gluon stage 1 reads):
+            16-1024 (request, KV head) pairs (``GLUON_DEFAULT_PAIRS``), a format and shape the Gluon stage 1 reads):
             ``GLUON_DEFAULT_VARIANT``, measured on an H100 at 0.90-1.33x the fused Triton step
             there, 1K-64K tokens (benches/results/kernels_gluon_s25/). Elsewhere opt-in.
         resident: with ``waves`` None, the programs per SM the balanced split count fills in whole
@@ -484,10 +484,16 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 #: INT2 instead of ~2e-3 (tests: LEAN_BOUND) (benches/results/kernels_gluon_s28/).
 GLUON_DEFAULT_VARIANT = "dnp_r128fslwnk"
 #: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
-#: stage 1: below, 1-3 requests at 8 KV heads (H100, session 25: 0.83-0.94x at (1, 131072) at this
-#: split rule, 0.98-1.08x at 16 pairs); from 32 pairs 1.02-1.14x (4 requests at 8K and 32K tokens);
-#: above 1024, not measured.
-GLUON_DEFAULT_PAIRS = (32, 1024)
+#: stage 1. From 32 pairs since session 21 (H100, session 25: 1.02-1.14x at 4 requests of 8K and 32K
+#: tokens at 8 KV heads). From 16 since session 33 (2-3 requests at 8 KV heads; whole steps against
+#: the fused Triton step, the variant and split count the launcher then takes, paper format /
+#: server format, INT2 and INT4, benches/results/kernels_gluon_s33/): H200 1.09-1.32x at
+#: (2, 8192), (2, 65536) and (3, 32768); H100 0.99-1.26x from 4K tokens, 0.96-1.04x at 2K,
+#: 0.90-1.03x at 1K (2 us more of 21 at worst). Below 16, one request at 8 KV heads: H200, the same
+#: session, 0.88x at (1, 32768), 0.97-0.98x at (1, 131072) at the launcher's split count; 1.15x at
+#: (1, 131072) but 0.72-0.83x at 8K-32K at the one-wave count (a split count may not depend on
+#: lengths: one CUDA graph per batch size), so it stays on Triton. Above 1024, not measured.
+GLUON_DEFAULT_PAIRS = (16, 1024)
 #: Resident programs per SM whose whole waves the Gluon default's split count fills from 512 pairs
 #: on (``pick_num_splits(waves=None, resident=GLUON_RESIDENT)``), where the Triton default balances
 #: waves of its 8 (~240 registers): the Gluon program's 128 registers leave 16 resident. H200, whole
@@ -674,7 +680,7 @@ def oscar_decode_attention(
     With ``new_k``/``new_v``/``new_loc`` the step's write path runs in the same launch (rotate the
     new token's K/V, BF16 staging write, s_t), and with ``q_rot=None`` so does the query rotation;
     with few splits the last program of each (request, KV head) merges them: one launch per layer
-    and step. On an sm_90 GPU with Triton 3.6, from 32 to 1024 (request, KV head) pairs and the
+    and step. On an sm_90 GPU with Triton 3.6, from 16 to 1024 (request, KV head) pairs and the
     formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
     (``GLUON_DEFAULT_VARIANT``, ``GLUON_DEFAULT_PAGE_VARIANT`` for page-grid key ranges: the
     write, the query rotation and with few splits the merge in its launch too, else a merge launch

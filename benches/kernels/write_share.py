@@ -1,6 +1,8 @@
 """The new token's write inside the default decode step, per Gluon default variant, side by side.
 
-For each shape and variant (set as ``decode.GLUON_DEFAULT_VARIANT`` for the launcher), the default
+For each shape and variant (set as ``decode.GLUON_DEFAULT_VARIANT`` for the launcher; where
+``decode.gluon_share_rule`` takes the open-share variant, the launcher runs that one instead, and each
+line names what ran and at how many splits), the default
 decode launch as the backend runs it (``bench_decode.bench_oscar``: the write, the query rotation
 and the merge fused) against the same launch without the write; the difference is the write's
 marginal cost. Each variant is timed ``--repeats`` times, interleaved, so run-to-run drift shows.
@@ -48,9 +50,12 @@ def main() -> int:
                     decode.GLUON_DEFAULT_VARIANT = v
                     r = bench["bench_oscar"](bits, b, ctx, [bench["VARIANTS"][0]], 24e9, extras=True)
                     us, nowrite = r["best"]["us"], r["nowrite_us"]
-                    rows.append({"scale_cols": cols, "bits": bits, "batch": b, "ctx": ctx, "variant": v, "step_us": us,
-                                 "nowrite_us": nowrite, "write_us": us - nowrite, "unfused_us": r["unfused_us"]})
-                    print(f"RESULT INT{bits} S={cols} ({b},{ctx}) {v}: step {us:.1f} us, without write {nowrite:.1f} us, "
+                    ran, splits = r["best"]["gluon"] or "triton", r["best"]["num_splits"]
+                    rows.append({"scale_cols": cols, "bits": bits, "batch": b, "ctx": ctx, "variant": v, "ran": ran,
+                                 "num_splits": splits, "step_us": us, "nowrite_us": nowrite, "write_us": us - nowrite,
+                                 "unfused_us": r["unfused_us"]})
+                    print(f"RESULT INT{bits} S={cols} ({b},{ctx}) {v} (ran {ran}, {splits} splits): step {us:.1f} us, "
+                          f"without write {nowrite:.1f} us, "
                           f"write {us - nowrite:.2f} us ({(us - nowrite) / us * 100:.1f} %), unfused {r['unfused_us']:.1f}",
                           flush=True)
     if args.out:

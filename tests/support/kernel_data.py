@@ -47,7 +47,7 @@ def variant_bound(variant: str, bits: int, bound: float) -> float:
 
 
 def default_decode_bound(bits: int, bound: float = ATTN_BOUND_FP32_OUT, cfg: OscarConfig | None = None) -> float:
-    """The bound of a default decode launch that may take the Gluon default (sm_90, 32-1024 (request,
+    """The bound of a default decode launch that may take the Gluon default (sm_90, 16-1024 (request,
     KV head) pairs): ``variant_bound`` of ``decode.GLUON_DEFAULT_VARIANT``, or for a pool of
     page-grid key ranges (``cfg.key_ranges == "page"``) of ``decode.GLUON_DEFAULT_PAGE_VARIANT`` at
     the bit widths ``decode.GLUON_DEFAULT_PAGE_BITS`` names (else the Triton stage 1: ``bound``)."""
