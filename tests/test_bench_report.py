@@ -54,6 +54,23 @@ def test_missed_and_met_targets_are_told_apart():
     assert t["write path share of a decode step (every shape)"]["met"] is True
 
 
+def test_the_writes_own_work_is_told_apart_from_the_launch_without_the_write():
+    """'write us': the launch over the same launch compiled without the write; 'write work us': over
+    the same launch with the write compiled in but storing nothing (skipwrite). The target row keeps
+    the first."""
+    res = _run(250.0, {"us": 250.0}, 1.2)
+    res["shapes"][0]["int2"].update(nowrite_us=94.0, skipwrite_us=99.5)  # 100 us: 6 us "write", 0.5 us its work
+    rows = bench_decode.summarize(res)
+    r2 = next(r for r in rows if r["bits"] == 2)
+    assert r2["write_us"] == pytest.approx(6.0) and r2["write_work_us"] == pytest.approx(0.5)
+    assert next(r for r in rows if r["bits"] == 4)["write_work_us"] is None  # not measured: no column value
+    t = {t["measure"]: t for t in bench_decode.targets_table(res, rows)}
+    assert t["write path share of a decode step (every shape)"]["met"] is False
+    md = bench_decode.markdown(res, rows)
+    assert "| write us | write share | write work us |" in md
+    assert "| 6.00 | 6.0% | 0.50 |" in md and "| 1.00 | 0.8% | nan |" in md
+
+
 def test_a_met_speed_target_and_a_slower_extend_and_peer():
     # SDPA 450 us: INT2 4.5x (met) and INT4 3.75x (met); the authors' group 128 faster than ours
     # (90 us): missed; extend 0.9x: missed

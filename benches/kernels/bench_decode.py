@@ -196,8 +196,11 @@ class OscarSetup:
         kw = dict(q=self.q, **pool, kv_indptr=self.indptr[copy], kv_page_indices=self.pages[copy],
                   seq_lens=self.seq_lens[copy], sm_scale=1 / math.sqrt(D), out=self.out, workspace=ws,
                   _tuning=tuning)  # fmt: skip
-        if mode == "fused":
-            kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=self.new_loc[copy], staging_scale=self.staging_scale)
+        if mode in ("fused", "skipwrite"):
+            # skipwrite: the write compiled in and every new token sent to the padding page 0, which
+            # maps to no staging slot, so the launch runs the write's lookups but stores nothing
+            loc = self.new_loc[copy] if mode == "fused" else torch.zeros_like(self.new_loc[copy])
+            kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=loc, staging_scale=self.staging_scale)
         elif mode == "unfused":
             kw.update(q_rot=self.q_rot, _tuning=dataclasses.replace(tuning, fused_merge=False))
         elif mode == "qrot":
@@ -416,7 +419,7 @@ def launcher_tuning(bits: int, batch: int, *, k_group: int, v_group: int, key_pa
                                key_page=key_page, device=torch.device(DEV))
 
 
-def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras: bool = True) -> dict:
+def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras: bool | str = True) -> dict:
     probe = OscarSetup(bits, batch, ctx, 1)
     per_call = probe.kv_bytes()
     del probe
@@ -468,6 +471,9 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         cfg_b = dict(tuning=next(tune for v, tune in tunes if v is b), ws=ws)
         res["nowrite_us"] = time_calls([st.call(c, mode="nowrite", **cfg_b) for c in range(copies)])["us"]
+        # the same launch with the write compiled in but storing nothing (every new token on the padding
+        # page): what the write's own work costs, apart from how its code changes the compiled kernel
+        res["skipwrite_us"] = time_calls([st.call(c, mode="skipwrite", **cfg_b) for c in range(copies)])["us"]
         res["unfused_us"] = time_calls([st.call(c, mode="unfused", **cfg_b) for c in range(copies)])["us"]
 
         def stage2():
@@ -1027,11 +1033,16 @@ def summarize(res: dict) -> list[dict]:
                    "sdpa_us": sd, "sglang_us": sg, "vs_sdpa": sd / best["us"] if sd else None,
                    "vs_sglang": sg / best["us"] if sg else None, "stage2_us": o.get("stage2_us"),
                    "all_sealed_us": o.get("all_sealed_us"), "nowrite_us": o.get("nowrite_us"), "unfused_us": o.get("unfused_us"),
+                   "skipwrite_us": o.get("skipwrite_us"),
                    "write_separate_launch_us": wr_sep}  # fmt: skip
             # the write runs inside the decode launch: its cost is the launch's time over the same
             # launch without it (clamped at 0: the difference can sit inside the timing noise)
             row["write_us"] = max(0.0, best["us"] - o["nowrite_us"]) if o.get("nowrite_us") else None
             row["write_share"] = row["write_us"] / best["us"] if row["write_us"] is not None else None
+            # the write's own work: the launch over the same launch with the write compiled in but
+            # storing nothing (session 33, H100: the whole "write" difference at 32-64 requests is
+            # ptxas's other schedule of the sealed-tile loop, not the write's loads and stores)
+            row["write_work_us"] = max(0.0, best["us"] - o["skipwrite_us"]) if o.get("skipwrite_us") else None
             if bits == 2:
                 # the same step over the format the server stores INT2 in by default (page-grid key ranges)
                 sv = sh.get("int2_served") or {}
@@ -1158,7 +1169,9 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "Times are medians of CUDA-graph replays (`triton.testing.do_bench`, quantiles 0.5/0.2/0.8), "
         "each replay streaming >= 4x L2 of distinct KV copies. OScaR = the one decode launch the backend runs "
         "(query rotation, the new token's K/V write + s_t, split-KV attention and the merge); 'write' is its time "
-        "minus the same launch without the write; 'unfused' is the first version's path (queries rotated by a "
+        "minus the same launch without the write (compiled without it: ptxas then schedules the sealed-tile loop "
+        "differently); 'write work' its time minus the same launch with the write compiled in but storing nothing "
+        "(every new token sent to the padding page), the cost of the write's own loads and stores; 'unfused' is the first version's path (queries rotated by a "
         "separate launch, stage 1, separate merge launch 'stage 2').",
         "",
         "OScaR us = " + ("the launcher's default launch, as the backend runs it (stage 1: Triton, or 'gluon:VARIANT' in the "
@@ -1175,8 +1188,8 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "",
         "## Decode",
         "",
-        "| B | ctx | bits | OScaR us | default us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | config (bn, warps, stages, splits, maxnreg, transposed) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | ctx | bits | OScaR us | default us | TB/s | unfused us | stage 2 us | stream-only TB/s | SDPA us | x SDPA | SGLang us | x SGLang | write us | write share | write work us | config (bn, warps, stages, splits, maxnreg, transposed) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
     for r in rows:
@@ -1186,6 +1199,7 @@ def markdown(res: dict, rows: list[dict]) -> str:
             f"{r['unfused_us'] or nan:.1f} | {r['stage2_us'] or nan:.1f} | {r['stream_only_TBps'] or nan:.2f} | "
             f"{r['sdpa_us'] or nan:.1f} | {r['vs_sdpa'] or nan:.2f} | {r['sglang_us'] or nan:.1f} | "
             f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
+            f"{nan if r.get('write_work_us') is None else r['write_work_us']:.2f} | "
             f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))}"
             f"{', gluon:' + c['gluon'] if c.get('gluon') else ''} |"
         )

@@ -23,7 +23,8 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="dnp_r128fs,dnp_r128fslwk", help="comma-separated keys of GLUON_VARIANTS")
+    ap.add_argument("--variants", default="dnp_r128fs,dnp_r128fslwk", help="comma-separated keys of GLUON_VARIANTS; "
+                    "BASE+SHARE also sets the variant gluon_share_rule takes (decode.GLUON_DEFAULT_SHARE_VARIANT)")
     ap.add_argument("--shapes", default="64x4096,32x8192,8x32768", help="BxCTX,... (requests x tokens)")
     ap.add_argument("--bits", default="2", help="comma-separated bit widths")
     ap.add_argument("--repeats", type=int, default=2)
@@ -36,7 +37,9 @@ def main() -> int:
 
     variants = args.variants.split(",")
     for v in variants:
-        gluon_decode.gluon_variant(v)  # unknown names fail here, before any timing
+        for name in v.split("+"):
+            gluon_decode.gluon_variant(name)  # unknown names fail here, before any timing
+    share_default = decode.GLUON_DEFAULT_SHARE_VARIANT
     rows = []
     for cols in (int(c) for c in args.scale_cols.split(",")):
         if cols not in (1, bench["H"]):
@@ -47,16 +50,20 @@ def main() -> int:
             b, ctx = (int(x) for x in shape.split("x"))
             for _ in range(args.repeats):
                 for v in variants:
-                    decode.GLUON_DEFAULT_VARIANT = v
-                    r = bench["bench_oscar"](bits, b, ctx, [bench["VARIANTS"][0]], 24e9, extras=True)
-                    us, nowrite = r["best"]["us"], r["nowrite_us"]
+                    base, _, share = v.partition("+")
+                    decode.GLUON_DEFAULT_VARIANT = base
+                    decode.GLUON_DEFAULT_SHARE_VARIANT = share or share_default
+                    r = bench["bench_oscar"](bits, b, ctx, [bench["VARIANTS"][0]], 24e9, extras="write")
+                    us, nowrite, skip = r["best"]["us"], r["nowrite_us"], r["skipwrite_us"]
                     ran, splits = r["best"]["gluon"] or "triton", r["best"]["num_splits"]
                     rows.append({"scale_cols": cols, "bits": bits, "batch": b, "ctx": ctx, "variant": v, "ran": ran,
                                  "num_splits": splits, "step_us": us, "nowrite_us": nowrite, "write_us": us - nowrite,
+                                 "skipwrite_us": skip,
                                  "unfused_us": r["unfused_us"]})
                     print(f"RESULT INT{bits} S={cols} ({b},{ctx}) {v} (ran {ran}, {splits} splits): step {us:.1f} us, "
                           f"without write {nowrite:.1f} us, "
-                          f"write {us - nowrite:.2f} us ({(us - nowrite) / us * 100:.1f} %), unfused {r['unfused_us']:.1f}",
+                          f"write {us - nowrite:.2f} us ({(us - nowrite) / us * 100:.1f} %), write compiled in but storing nothing "
+                          f"{skip:.1f} us, unfused {r['unfused_us']:.1f}",
                           flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
