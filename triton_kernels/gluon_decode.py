@@ -203,7 +203,10 @@ class GluonVariant:
             a grid that fills the GPU at 131072 tokens (hundreds of splits per pair; a split count
             may not depend on lengths, one CUDA graph per batch size) without hundreds of one-tile
             programs at 4K tokens, where session 25 measured such a grid 0.69-0.76x the Triton step.
-            Prepared in session 32, not timed yet.
+            Timed in session 33 (H200, "dnp_r128fslwnkm8" at the one-wave 263 splits): 1.13-1.15x the
+            Triton step at (1, 131072), as without it, but 0.56-0.72x at 8K-32K, below the plain
+            one-wave grid (0.72-0.83x): fewer, longer programs and as many empty ones. Not adopted
+            (benches/results/kernels_gluon_s33/).
     """
 
     name: str

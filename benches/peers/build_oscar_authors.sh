@@ -11,7 +11,7 @@
 #   bash benches/peers/build_oscar_authors.sh [BUILD_DIR]     # default /tmp/oscar-authors-build
 #
 # ~3-6 min with 16 cores (ninja; nvcc 13, torch 2.11 there). Prints the .so path; copies it to
-# $OUT when OUT is set.
+# $OUT when OUT is set, with oscar_cuda.so.xz for .peers/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-/tmp/oscar-authors-build}
@@ -28,4 +28,9 @@ fi
 echo "authors' sources: $OSCAR_AUTHORS_SRC; CUTLASS headers: $CUTLASS_INCLUDE"
 nvcc --version | tail -2
 python3 benches/peers/oscar_authors.py build --build-dir "$BUILD"
-if [ -n "${OUT:-}" ]; then cp "$BUILD"/oscar_cuda*.so "$OUT"/ 2>/dev/null || true; fi
+# $OUT: the .so, and compressed for .peers/ (benches/kernels/regenerate.sh then skips this build on a
+# machine of the same image)
+if [ -n "${OUT:-}" ]; then
+  cp "$BUILD"/oscar_cuda*.so "$OUT"/ 2>/dev/null || true
+  xz -T0 -6 -c "$BUILD"/oscar_cuda.so > "$OUT"/oscar_cuda.so.xz 2>/dev/null || true
+fi
