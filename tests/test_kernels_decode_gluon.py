@@ -282,6 +282,42 @@ def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
+def test_gluon_64_token_tiles_run_right_on_the_cpu():
+    """``GluonVariant.block_n`` 64 (``dnp_r128fslwn64``): 64-token sealed tiles over two key groups of
+    32 (each half of the tile's rows dequantized with its own group's params), the numpy stand-in
+    against the reference and the Triton kernel on the same tiles, INT2 and INT4, sealed, mixed and
+    open pages over three splits (a request shorter than one tile, one of exactly one page, one
+    whose last sealed tile ends mid-range), and in a sliding window that starts inside a tile. The
+    source path is ``dnp_r128fslwn``'s (test_gluon_source_runs_right_on_the_cpu at 32 tokens)."""
+    chk = _numpy_check_module()
+    name = "dnp_r128fslwn64"
+    assert gluon_decode.GLUON_VARIANTS[name].block_n == 64
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 2, 4, 128, [300, 128, 5, 700], {1, 3}, "layer", 64, 3, bits + 60, name)
+        assert err < _bound(name, bits, ATTN_BOUND_FP32_OUT), f"{name} INT{bits} vs reference: {err:.2e}"
+        assert agree < _bound(name, bits, 3e-4), f"{name} INT{bits} vs Triton: relative RMS {agree:.2e}"
+    err, agree = chk.check(2, 1, 4, 128, [1, 63, 3 * 128, 2 * 128 + 3, 4 * 128 + 5], {2}, "layer", 64, 3, 33, name,
+                           window_left=100)
+    assert err < _bound(name, 2, ATTN_BOUND_FP32_OUT), f"{name} window vs reference: {err:.2e}"
+    assert agree < _bound(name, 2, 1e-3), f"{name} window vs Triton: relative RMS {agree:.2e}"
+
+
+def test_gluon_64_token_tiles_are_checked():
+    """A 64-token Gluon variant needs what two key groups per tile need (dequantized keys paired from
+    words, no TMA ring); the launcher runs it on its own tile whatever the tuning's ``block_n``."""
+    with pytest.raises(ValueError, match="two key groups of 32"):
+        gluon_decode.GluonVariant("x", prefetch=False, packed=True, pair_words=True, keys="mma", block_n=64)
+    with pytest.raises(ValueError, match="block_n must be 16, 32, 64"):
+        gluon_decode.GluonVariant("x", block_n=128)
+    with pytest.raises(ValueError, match="block_n in \\(16, 32, 64\\)"):
+        gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=16, v_group=32, block_n=64, group=4)
+    assert {n for n, v in gluon_decode.GLUON_VARIANTS.items() if v.block_n == 64} == {
+        "dnp_r128fslwn64", "dnp_r144fslwn64", "dnp_r168fslwn64"}
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"),
                                          ("dnp_r128fslwnp", "page"), ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):

@@ -734,6 +734,10 @@ def oscar_decode_attention(
                               key_page=layer.k_ranges is not None, device=q.device)
     else:
         tune = _tuning
+    if tune.gluon:  # a Gluon variant with a tile of its own (GluonVariant.block_n) runs on it
+        gluon_bn = gluon_decode.gluon_variant(tune.gluon_variant).block_n
+        if gluon_bn is not None and gluon_bn != tune.block_n:
+            tune = replace(tune, block_n=gluon_bn)
     check_sealed_tile(tune.block_n, page_size=p, k_group=layer.k_group)
     window = check_window(window_left)
     if tune.gluon:

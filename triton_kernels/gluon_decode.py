@@ -230,6 +230,7 @@ class GluonVariant:
     page_pairs: bool = False
     early_loads: bool = False
     min_tiles: int = 0
+    block_n: int | None = None
 
     @property
     def key_mode(self) -> int:
@@ -292,6 +293,11 @@ class GluonVariant:
                              "over the splits (spread_open=True, no TMA ring)")
         if not 0 <= self.min_tiles <= 1024:
             raise ValueError(f"GluonVariant.min_tiles must be in [0, 1024], got {self.min_tiles}")
+        if self.block_n not in (None, 16, 32, 64):
+            raise ValueError(f"GluonVariant.block_n must be 16, 32, 64 or None (the tuning's), got {self.block_n}")
+        if self.block_n == 64 and (self.keys != "dequant" or not self.pair_words or self.tma or self.stages):
+            raise ValueError("GluonVariant.block_n=64 spans two key groups of 32 tokens: the register path with "
+                             "dequantized keys paired from words (keys='dequant', pair_words=True, no TMA ring)")
         if self.staging_block not in (None, 16, 32):
             raise ValueError(f"GluonVariant.staging_block must be 16, 32 or None, got {self.staging_block}")
 
@@ -416,6 +422,11 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # single requests on a grid of hundreds of splits (``bench_decode.py --gluon-fit
         # --gluon-max-splits 512``)
         GluonVariant("dnp_r128fslwnkm8", **_LEAN_FUSED, keys="mma", min_tiles=8),
+        # session 34: 64-token sealed tiles (two key groups of 32 per tile, dequantized keys): twice the
+        # bytes in flight per round trip of a one-warp program, the per-tile overhead over twice the tokens
+        GluonVariant("dnp_r128fslwn64", **_LEAN_FUSED, block_n=64),
+        GluonVariant("dnp_r168fslwn64", **{**_LEAN_FUSED, "maxnreg": 168}, block_n=64),
+        GluonVariant("dnp_r144fslwn64", **{**_LEAN_FUSED, "maxnreg": 144}, block_n=64),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -457,8 +468,8 @@ def check_gluon_shape(*, bits: int, head_dim: int, k_group: int, v_group: int, b
     if v_group % (head_dim // 8):
         raise ValueError(f"the Gluon stage 1 needs v_group a multiple of head_dim/8 = {head_dim // 8} (one value group "
                          f"per lane), got v_group={v_group}")
-    if block_n not in (16, 32) or (k_group % block_n and block_n != 2 * k_group):
-        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32) dividing k_group={k_group} (or twice it: two key "
+    if block_n not in (16, 32, 64) or (k_group % block_n and block_n != 2 * k_group):
+        raise ValueError(f"the Gluon stage 1 needs block_n in (16, 32, 64) dividing k_group={k_group} (or twice it: two key "
                          f"groups per tile, check_gluon_key_groups), got block_n={block_n}")
     if group > 16:
         raise ValueError(f"the Gluon stage 1 takes at most 16 query heads per KV head, got {group}")
@@ -2092,6 +2103,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     ``counter_ptr`` / ``out_ptr`` (``decode_workspace``'s counters, the output; absent: the caller
     merges). ``window_left``: a sliding-window layer's window (``check_window``'s), or None."""
     var = gluon_variant(variant)
+    block_n = var.block_n or block_n  # GluonVariant.block_n: the variant's own tile
     reason = gluon_available(q_rot.device)
     if reason is not None:
         raise RuntimeError(reason)
