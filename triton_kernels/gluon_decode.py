@@ -426,6 +426,15 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # bytes in flight per round trip of a one-warp program, the per-tile overhead over twice the tokens
         GluonVariant("dnp_r128fslwn64", **_LEAN_FUSED, block_n=64),
         GluonVariant("dnp_r168fslwn64", **{**_LEAN_FUSED, "maxnreg": 168}, block_n=64),
+        GluonVariant("rp_r168fslwnk", **{**_LEAN_FUSED, "maxnreg": 168, "prefetch": True}, keys="mma"),
+        GluonVariant("rp_r128fslwnk", **{**_LEAN_FUSED, "prefetch": True}, keys="mma"),
+        GluonVariant("rp_r152fslwnk", **{**_LEAN_FUSED, "maxnreg": 152, "prefetch": True}, keys="mma"),
+        GluonVariant("rp_fslwnk", **{**_LEAN_FUSED, "maxnreg": None, "prefetch": True}, keys="mma"),
+        # ... and deeper TMA rings, for single requests (8 one-warp programs per SM at 128 splits: the
+        # grid, not the registers, bounds the programs per SM, so each needs more tiles in flight)
+        GluonVariant("dnp_r168fslwnkt4", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=4),
+        GluonVariant("dnp_r168fslwnkt4x2", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=4, tma_tiles=2),
+        GluonVariant("dnp_r168fslwnkt3x2", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=3, tma_tiles=2),
         GluonVariant("dnp_r144fslwn64", **{**_LEAN_FUSED, "maxnreg": 144}, block_n=64),
     )
 }
