@@ -207,6 +207,16 @@ class GluonVariant:
             Triton step at (1, 131072), as without it, but 0.56-0.72x at 8K-32K, below the plain
             one-wave grid (0.72-0.83x): fewer, longer programs and as many empty ones. Not adopted
             (benches/results/kernels_gluon_s33/).
+        block_n: the variant's own sealed tile (None: the tuning's ``block_n``); 64 spans two key
+            groups of 32 (session 34: ``dnp_r1xxfslwn64``).
+        l2_prefetch: ``prefetch.global.L2`` of sealed tiles' lines, one instruction per array (each
+            lane a line; no register holds anything, so ptxas has no reason to move it): bit 0, the
+            tile's value words and params right after its page index (ptxas sinks the tile's value
+            loads below the first wait on its key loads, so a tile paid two memory round trips; the
+            prefetch makes the second an L2 hit); bit 1, the whole next tile (key and value words and
+            params, token scales) one tile ahead. Session 34 (H100 source-level profile of the
+            default at (8, 32768) INT2): 38 % of the sealed loop's warp samples wait on global loads,
+            9.5 % of them at the first use of the value params, issued after the keys' wait.
     """
 
     name: str
@@ -231,6 +241,7 @@ class GluonVariant:
     early_loads: bool = False
     min_tiles: int = 0
     block_n: int | None = None
+    l2_prefetch: int = 0
 
     @property
     def key_mode(self) -> int:
@@ -244,7 +255,7 @@ class GluonVariant:
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
                 "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first,
                 "TWO": self.two_tiles, "OPEN_SHARE": self.open_share, "PAGE_PAIRS": self.page_pairs,
-                "EARLY": self.early_loads, "MIN_TILES": self.min_tiles}
+                "EARLY": self.early_loads, "MIN_TILES": self.min_tiles, "L2PF": self.l2_prefetch}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -293,6 +304,11 @@ class GluonVariant:
                              "over the splits (spread_open=True, no TMA ring)")
         if not 0 <= self.min_tiles <= 1024:
             raise ValueError(f"GluonVariant.min_tiles must be in [0, 1024], got {self.min_tiles}")
+        if self.l2_prefetch not in (0, 1, 2, 3) or (self.l2_prefetch and (self.stages or self.prefetch or self.tma
+                                                                          or self.two_tiles)):
+            raise ValueError(f"GluonVariant.l2_prefetch (0-3) is a form of the register path that loads each tile "
+                             f"right before its math (stages 0, prefetch=False, no TMA ring, one tile per step), got "
+                             f"{self.l2_prefetch}")
         if self.block_n not in (None, 16, 32, 64):
             raise ValueError(f"GluonVariant.block_n must be 16, 32, 64 or None (the tuning's), got {self.block_n}")
         if self.block_n == 64 and (self.keys != "dequant" or not self.pair_words or self.tma or self.stages):
@@ -430,6 +446,12 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("rp_r128fslwnk", **{**_LEAN_FUSED, "prefetch": True}, keys="mma"),
         GluonVariant("rp_r152fslwnk", **{**_LEAN_FUSED, "maxnreg": 152, "prefetch": True}, keys="mma"),
         GluonVariant("rp_fslwnk", **{**_LEAN_FUSED, "maxnreg": None, "prefetch": True}, keys="mma"),
+        GluonVariant("dnp_r144fslwnk", **{**_LEAN_FUSED, "maxnreg": 144}, keys="mma"),
+        GluonVariant("dnp_r168fslwnk", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma"),
+        # session 34: the tiles' lines prefetched into L2 (its own value lines; the next tile's; both)
+        GluonVariant("dnp_r128fslwnkv", **_LEAN_FUSED, keys="mma", l2_prefetch=1),
+        GluonVariant("dnp_r128fslwnkn", **_LEAN_FUSED, keys="mma", l2_prefetch=2),
+        GluonVariant("dnp_r128fslwnkb", **_LEAN_FUSED, keys="mma", l2_prefetch=3),
         # ... and deeper TMA rings, for single requests (8 one-warp programs per SM at 128 splits: the
         # grid, not the registers, bounds the programs per SM, so each needs more tiles in flight)
         GluonVariant("dnp_r168fslwnkt4", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=4),
@@ -1119,6 +1141,37 @@ if gl is not None:
         return kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1
 
     @gluon.jit
+    def _l2_prefetch(ptrs):
+        """``prefetch.global.L2`` of each lane's address (a pointer tensor, one element per lane): no
+        result register, so nothing for ptxas to shorten by moving it toward a use."""
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def _l2_prefetch_tile(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr,
+                          D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr,
+                          G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr, KEYS_TOO: gl.constexpr):
+        """The 128-byte lines of sealed tile ``[t0, t0 + BLOCK_N)`` of page ``page`` (KV head ``i_h``)
+        prefetched into L2 (``GluonVariant.l2_prefetch``), lane ``l`` a line of each array (lines
+        repeat over the lanes where an array has fewer): the value words and params, and with
+        ``KEYS_TOO`` the key words, the key group's params and the token scales (their column)."""
+        W: gl.constexpr = D * BITS // 32
+        NG: gl.constexpr = D // G_V
+        L32: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        lane = gl.arange(0, 32, layout=L32)
+        row0 = (page * H + i_h) * P + t0
+        WL: gl.constexpr = BLOCK_N * W // 32  # 128-byte lines of a tile's words (int32)
+        VPL: gl.constexpr = max(1, BLOCK_N * 2 * NG // 64)  # ... of its value params (fp16)
+        _l2_prefetch(vw_ptr + row0 * W + (lane % WL) * 32)
+        _l2_prefetch(vp_ptr + row0 * (2 * NG) + (lane % VPL) * 64)
+        if KEYS_TOO:
+            _l2_prefetch(kw_ptr + row0 * W + (lane % WL) * 32)
+            KPL: gl.constexpr = max(1, 2 * D // 64)  # lines of one key group's params (fp16)
+            _l2_prefetch(kp_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * (2 * D) + (lane % KPL) * 64)
+            if S == 1:  # one column: the tile's scales are one contiguous run
+                _l2_prefetch(scale_ptr + (page * P + t0) + (lane % max(1, BLOCK_N // 32)) * 32)
+
+    @gluon.jit
     def _tile_issue(slot, page, t0, i_h, kw_ptr, kp_ptr, vw_ptr, kw_s, ks0_s, ks1_s, ko0_s, ko1_s, vw0_s, vw1_s,
                     H: gl.constexpr, D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr,
                     BLOCK_N: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr):
@@ -1702,7 +1755,7 @@ if gl is not None:
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
-        EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0,
+        EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0, L2PF: gl.constexpr = 0,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1924,6 +1977,14 @@ if gl is not None:
                 l_i = _row_partials(l_i, BLOCK_N, MMA)
             for it in range(t_lo, t_hi):
                 page = gl.load(pg_idx + it // TPP).to(gl.int64)
+                if L2PF % 2 == 1:  # this tile's value lines into L2 (GluonVariant.l2_prefetch)
+                    _l2_prefetch_tile(page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
+                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, False)
+                if L2PF >= 2:  # the next tile's lines (the last tile prefetches itself again)
+                    nt = gl.minimum(it + 1, t_hi - 1)
+                    page_n = gl.load(pg_idx + nt // TPP).to(gl.int64)
+                    _l2_prefetch_tile(page_n, (nt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
+                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, True)
                 kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
                     page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE, PAGE_PAIRS)  # fmt: skip

@@ -195,6 +195,14 @@ def make_gl(ctx):
     gl.atomic_add, gl.atomic_xchg = atomic_add, atomic_xchg
 
     def inline_asm_elementwise(asm, constraints, args, dtype, is_pure, pack):
+        if asm.startswith("prefetch.global.L2"):  # _l2_prefetch: no effect but its addresses, which
+            # must fall inside the array the kernel reads (the GPU fetches the 128-byte line of each)
+            ptr = args[0]
+            off = np.asarray(_a(ptr.off)).astype(np.int64)
+            assert np.all(off >= 0) and np.all(off < ptr.arr.size), "an L2 prefetch outside its array"
+            ctx.setdefault("l2_prefetched", 0)
+            ctx["l2_prefetched"] += off.size
+            return T(np.zeros(off.shape, np.int32))
         args = [_a(x) for x in args]
         if asm.startswith("prmt"):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
@@ -403,7 +411,7 @@ def kernel_functions(ctx):
     g["_PAGE_ASM2"], g["_PAGE_ASM4"] = G._PAGE_ASM2.value, G._PAGE_ASM4.value
     g["_PAGE_U2"], g["_PAGE_U4"], g["_PAGE_GROUP"] = G._PAGE_U2.value, G._PAGE_U4.value, G._PAGE_GROUP.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
-    names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_key_param_pairs_spread", "_page_group_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
+    names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_key_param_pairs_spread", "_page_group_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_l2_prefetch", "_l2_prefetch_tile", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
              "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
              "_new_rows", "_layer_key_sumsq", "_fused_write", "_fused_write_early", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
