@@ -258,7 +258,7 @@ def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, bl
 _PAGE_FORMAT = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
 #: The variants that read page-grid key ranges (``check_gluon_key_page``), one per key form.
 _PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm", "dnp_r128fslwnp", "dnp_r128fslwnpe",
-                  "dnp_r128fslwnpx"]
+                  "dnp_r128fslwnpx", "dnp_r128fslwnpv", "dnp_r128fslwnpxv"]
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -319,7 +319,8 @@ def test_gluon_64_token_tiles_are_checked():
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @_needs_interpreter
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"),
-                                         ("dnp_r128fslwnp", "page"), ("dnp_r128fslw", "group16")])
+                                         ("dnp_r128fslwnp", "page"), ("dnp_r128fslwnpv", "page"),
+                                         ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
     """32-token tiles over key groups of 16 tokens (``_attend(KG2)``: each half of the tile's rows
     dequantized with its own group's params), page-grid ranges (the INT2 server default's format)
@@ -474,7 +475,7 @@ def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"), ("dnp_r128fslwnp", "page"),
-                                         ("dnp_r128fslw", "group16")])
+                                         ("dnp_r128fslwnpv", "page"), ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_empty):
     """On CUDA: 32-token Gluon tiles over key groups of 16 tokens (two groups per tile), page-grid
     ranges and fp16 group pairs."""

@@ -452,6 +452,10 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnkv", **_LEAN_FUSED, keys="mma", l2_prefetch=1),
         GluonVariant("dnp_r128fslwnkn", **_LEAN_FUSED, keys="mma", l2_prefetch=2),
         GluonVariant("dnp_r128fslwnkb", **_LEAN_FUSED, keys="mma", l2_prefetch=3),
+        # ... the value-line prefetch on the launcher's other three defaults (open share; page grid)
+        GluonVariant("dnp_r128fslwnkxv", **_LEAN_FUSED, keys="mma", open_share=True, l2_prefetch=1),
+        GluonVariant("dnp_r128fslwnpv", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1),
+        GluonVariant("dnp_r128fslwnpxv", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1),
         # ... and deeper TMA rings, for single requests (8 one-warp programs per SM at 128 splits: the
         # grid, not the registers, bounds the programs per SM, so each needs more tiles in flight)
         GluonVariant("dnp_r168fslwnkt4", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=4),
