@@ -437,9 +437,10 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
                         (pool16, "dnp_r128fslwt3")):
         with pytest.raises(ValueError, match=f"Gluon variant '{variant}' takes one key group per tile; 32-token tiles "
                                              f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn, "
-                                             f"dnp_r128fslwnp, dnp_r128fslwnpe, dnp_r128fslwnpx$"):
+                                             f"dnp_r128fslwnp, dnp_r128fslwnpe, dnp_r128fslwnpx, dnp_r128fslwn64, "
+                                             f"dnp_r144fslwn64, dnp_r168fslwn64, dnp_r128fslwnpv, dnp_r128fslwnpxv$"):
             _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
-    with pytest.raises(ValueError, match="block_n in \\(16, 32\\) dividing k_group=8 \\(or twice it"):
+    with pytest.raises(ValueError, match="block_n in \\(16, 32, 64\\) dividing k_group=8 \\(or twice it"):
         gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
 
 
@@ -671,7 +672,7 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
                                      "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2",
                                      "dnp_r128fslwnkt2x2", "dnp_r128fslwm", "dnp_r128fslwnm", "dnp_r128fslwko",
                                      "dnp_r128fslwk2", "dnp_r128fslwnk2", "dnp_r128fslwkx", "dnp_r128fslwnke",
-                                     "dnp_r128fslwnkx"])
+                                     "dnp_r128fslwnkx", "dnp_r128fslwnkv", "dnp_r128fslwnkxv", "dnp_r128fslwnkb"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -722,7 +723,7 @@ def test_gluon_sliding_window(variant, bits, nan_empty):
 @pytest.mark.parametrize("variant", ["d16f", "dnp_r128f", "dnp_r128fs", "dnp_r128fsl", "dnp_r128fslw",
                                      "dnp_r128fslwn", "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3",
                                      "dnp_r128fslwnkt2x2", "dnp_r128fslwk", "dnp_r128fslwko", "dnp_r128fslwk2",
-                                     "dnp_r128fslwkx"])
+                                     "dnp_r128fslwkx", "dnp_r128fslwnkv", "dnp_r128fslwnkxv"])
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
     """Few splits (3, as at 32+ requests): a ``fused`` variant merges in its own launch, as the

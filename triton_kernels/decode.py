@@ -481,8 +481,14 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 #: requests of 1K-64K tokens (3.9 % at (16, 65536), 2.5 % at (8, 32768)), never more beyond the
 #: run's spread (+0.3 % at (4, 32768)); its perplexity and KL on two texts equal the exact dequantization's within the
 #: windows' spread (session 22, quality_lean_offsets_*.json); ~5e-3 relative RMS from the reference at
-#: INT2 instead of ~2e-3 (tests: LEAN_BOUND) (benches/results/kernels_gluon_s28/).
-GLUON_DEFAULT_VARIANT = "dnp_r128fslwnk"
+#: INT2 instead of ~2e-3 (tests: LEAN_BOUND) (benches/results/kernels_gluon_s28/). Since session 34
+#: with the tile's value lines prefetched into L2 at its start ("dnp_r128fslwnkv",
+#: ``GluonVariant.l2_prefetch`` 1: ptxas issues the value loads after the first wait on the key loads,
+#: so each tile paid two memory round trips; two prefetch instructions per tile make the second an L2
+#: hit). H100, whole steps, the same split count side by side, four defaults (this one, the open
+#: share, the page grid and its open share): 1-4 % less time at INT2 and INT4 at 2-128 requests of
+#: 2K-64K tokens, 0.3-0.7 % more at (2, 65536) INT4; same outputs (benches/results/kernels_gluon_s34/).
+GLUON_DEFAULT_VARIANT = "dnp_r128fslwnkv"
 #: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
 #: stage 1. From 32 pairs since session 21 (H100, session 25: 1.02-1.14x at 4 requests of 8K and 32K
 #: tokens at 8 KV heads). From 16 since session 33 (2-3 requests at 8 KV heads; whole steps against
@@ -522,8 +528,9 @@ GLUON_DEFAULT_PAGE_BITS = (2, 4)
 #: them and one shared-memory hand-over per key group (``GluonVariant.page_pairs``; "dnp_r128fslwn"
 #: before): 784 instead of 889 instructions per 32-token INT2 tile (sm_90 SASS), whole steps on an
 #: H100 6-8 % faster at INT2 and 4-5 % at INT4 at (8, 32768) and (16, 65536)
-#: (benches/results/kernels_gluon_s31/).
-GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwnp"
+#: (benches/results/kernels_gluon_s31/). Since session 34 with the value-line L2 prefetch
+#: ("dnp_r128fslwnpv", see ``GLUON_DEFAULT_VARIANT``): H100, 1-4 % less time at INT2 and INT4.
+GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwnpv"
 #: The Gluon default's tile for page-grid key ranges at G_K 16: 32 tokens, two key groups per tile
 #: (the per-tile costs spread over twice the tokens: 889 instead of 2 x 523 instructions per 32
 #: INT2 tokens, sm_90 SASS, session 29's form); 16 (one key group per tile) until session 29.
@@ -534,8 +541,8 @@ GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 #: be a partial one: ``GLUON_DEFAULT_VARIANT`` / ``GLUON_DEFAULT_PAGE_VARIANT`` with the open-page
 #: program (the new token's write, the open page's last tile) taking an equal share of the sealed
 #: tiles (``GluonVariant.open_share``), at the split count whose programs fit one wave.
-GLUON_DEFAULT_SHARE_VARIANT = "dnp_r128fslwnkx"
-GLUON_DEFAULT_PAGE_SHARE_VARIANT = "dnp_r128fslwnpx"
+GLUON_DEFAULT_SHARE_VARIANT = "dnp_r128fslwnkxv"
+GLUON_DEFAULT_PAGE_SHARE_VARIANT = "dnp_r128fslwnpxv"
 #: ``gluon_share_rule``: the share of a wave the launch's last, partial wave must exceed before the
 #: default takes the open-share variant at the one-wave split count. H200, whole steps, side by side
 #: (benches/results/kernels_gluon_s32/share/): at 128 pairs (16 requests at 8 KV heads: 17 programs

@@ -2,9 +2,9 @@
 item 1, first step; design: benches/results/kernels_gluon_design.md).
 
 On GPUs (H100 and H200, Triton 3.6.0) its ``gpu`` tests in tests/test_kernels_decode_gluon.py
-pass against the torch reference. The default decode runs the "dnp_r128fslwnk" variant
+pass against the torch reference. The default decode runs the "dnp_r128fslwnkv" variant
 (``decode.GLUON_DEFAULT_VARIANT``; session 21's "dnp_r128fs" before session 25, "dnp_r128fslwk" until
-session 28) on sm_90 from 32 to
+session 28, "dnp_r128fslwnk" until session 34) on sm_90 from 16 to
 1024 (request, KV head) pairs (``decode.gluon_default_reason``): whole steps 0.90-1.33x the fused
 Triton step on an H100 there (benches/results/kernels_gluon_s25/); elsewhere it is opt-in
 (``decode._DecodeTuning.gluon``, tests and benchmarks);
@@ -439,29 +439,32 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # --gluon-max-splits 512``)
         GluonVariant("dnp_r128fslwnkm8", **_LEAN_FUSED, keys="mma", min_tiles=8),
         # session 34: 64-token sealed tiles (two key groups of 32 per tile, dequantized keys): twice the
-        # bytes in flight per round trip of a one-warp program, the per-tile overhead over twice the tokens
+        # bytes in flight per round trip of a one-warp program, the per-tile overhead over twice the
+        # tokens (H100: no faster than the default at 8-64 requests; kernels_gluon_s34/tiles64_h100)
         GluonVariant("dnp_r128fslwn64", **_LEAN_FUSED, block_n=64),
+        GluonVariant("dnp_r144fslwn64", **{**_LEAN_FUSED, "maxnreg": 144}, block_n=64),
         GluonVariant("dnp_r168fslwn64", **{**_LEAN_FUSED, "maxnreg": 168}, block_n=64),
-        GluonVariant("rp_r168fslwnk", **{**_LEAN_FUSED, "maxnreg": 168, "prefetch": True}, keys="mma"),
+        # ... the default with the next tile prefetched into registers (rp_*), under higher caps, and
+        # deeper TMA rings: for single requests, where the grid (8 one-warp programs per SM at 128
+        # splits), not the registers, bounds the programs per SM (kernels_gluon_s34/pipe_h100)
         GluonVariant("rp_r128fslwnk", **{**_LEAN_FUSED, "prefetch": True}, keys="mma"),
         GluonVariant("rp_r152fslwnk", **{**_LEAN_FUSED, "maxnreg": 152, "prefetch": True}, keys="mma"),
+        GluonVariant("rp_r168fslwnk", **{**_LEAN_FUSED, "maxnreg": 168, "prefetch": True}, keys="mma"),
         GluonVariant("rp_fslwnk", **{**_LEAN_FUSED, "maxnreg": None, "prefetch": True}, keys="mma"),
         GluonVariant("dnp_r144fslwnk", **{**_LEAN_FUSED, "maxnreg": 144}, keys="mma"),
         GluonVariant("dnp_r168fslwnk", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma"),
-        # session 34: the tiles' lines prefetched into L2 (its own value lines; the next tile's; both)
-        GluonVariant("dnp_r128fslwnkv", **_LEAN_FUSED, keys="mma", l2_prefetch=1),
-        GluonVariant("dnp_r128fslwnkn", **_LEAN_FUSED, keys="mma", l2_prefetch=2),
-        GluonVariant("dnp_r128fslwnkb", **_LEAN_FUSED, keys="mma", l2_prefetch=3),
-        # ... the value-line prefetch on the launcher's other three defaults (open share; page grid)
-        GluonVariant("dnp_r128fslwnkxv", **_LEAN_FUSED, keys="mma", open_share=True, l2_prefetch=1),
-        GluonVariant("dnp_r128fslwnpv", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1),
-        GluonVariant("dnp_r128fslwnpxv", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1),
-        # ... and deeper TMA rings, for single requests (8 one-warp programs per SM at 128 splits: the
-        # grid, not the registers, bounds the programs per SM, so each needs more tiles in flight)
         GluonVariant("dnp_r168fslwnkt4", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=4),
         GluonVariant("dnp_r168fslwnkt4x2", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=4, tma_tiles=2),
         GluonVariant("dnp_r168fslwnkt3x2", **{**_LEAN_FUSED, "maxnreg": 168}, keys="mma", tma=3, tma_tiles=2),
-        GluonVariant("dnp_r144fslwn64", **{**_LEAN_FUSED, "maxnreg": 144}, block_n=64),
+        # ... and the sealed tiles' lines prefetched into L2 (``l2_prefetch``: v, the tile's own value
+        # lines at its start; n, the next tile's; b, both); v on each of the launcher's four defaults
+        # (the four defaults since session 34: kernels_gluon_s34/l2pf_h100, l2pf_defaults_h100)
+        GluonVariant("dnp_r128fslwnkv", **_LEAN_FUSED, keys="mma", l2_prefetch=1),
+        GluonVariant("dnp_r128fslwnkn", **_LEAN_FUSED, keys="mma", l2_prefetch=2),
+        GluonVariant("dnp_r128fslwnkb", **_LEAN_FUSED, keys="mma", l2_prefetch=3),
+        GluonVariant("dnp_r128fslwnkxv", **_LEAN_FUSED, keys="mma", open_share=True, l2_prefetch=1),
+        GluonVariant("dnp_r128fslwnpv", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1),
+        GluonVariant("dnp_r128fslwnpxv", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
