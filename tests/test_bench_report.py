@@ -287,3 +287,35 @@ def test_page_rule_column_patches_the_launchers_page_rule_and_restores_it(monkey
         assert dec.gluon_block_n(32, 16, True) == 16
     assert (dec.GLUON_DEFAULT_PAGE_BITS, dec.GLUON_DEFAULT_PAGE_VARIANT, dec.gluon_block_n) == before
     assert dec.gluon_block_n(32, 16, True) == 16
+
+
+# ---- per-instruction stalls (benches/kernels/ncu_source_stalls.py) on a source page kept from a GPU run
+ncu_source_stalls = pytest.importorskip("ncu_source_stalls")
+_SRC_8x32768 = Path(__file__).resolve().parents[1] / "benches" / "results" / "kernels_gluon_s34" / "profile_h100" / "src_8x32768.csv.xz"
+
+
+def test_source_stalls_find_the_sealed_loop_and_its_load_waits():
+    """Session 34's H100 source page of the default step's stage 1 at (8, 32768) INT2: the hottest
+    loop is the 692-instruction sealed-tile loop (88 % of the samples), whose largest stall is the
+    wait on global loads, charged at the first readers of the tile's key params and, ~360
+    instructions later, of its value params (the loads ptxas issued after the keys' wait)."""
+    import lzma
+
+    s = ncu_source_stalls.summarize(ncu_source_stalls.rows_of(lzma.decompress(_SRC_8x32768.read_bytes()).decode()), 30)
+    assert s["loop_instructions"] == 692 and 0.85 < s["loop_samples"] / s["samples"] < 0.9
+    (first, n_first), = s["reasons"].most_common(1)
+    assert first == "stall_long_sb" and 0.35 < n_first / s["loop_samples"] < 0.4
+    top = {i: (src, n, why) for i, src, n, why in s["top"]}
+    assert top[79][0].startswith("PRMT") and top[79][2][0][0] == "long_sb"
+    assert top[443][0].startswith("IMAD") and top[443][2][0][0] == "long_sb" and top[443][1] > 800
+    assert s["by_opcode"].most_common(1)[0][0] == "PRMT"
+
+
+def test_source_stalls_refuse_what_is_not_a_source_page():
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        ncu_source_stalls.rows_of('"ID","Metric"\n"1","x"\n')
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait"\n'
+    with pytest.raises(ValueError, match="no loop"):
+        ncu_source_stalls.summarize(ncu_source_stalls.rows_of(header + '"0x10","FADD R1, R2, R3","4","32","4"\n'))
+    rows = ncu_source_stalls.rows_of(header + '"0x10","FADD R1, R2, R3","4","32","4"\n"0x20","@P0 BRA 0x10","1","32","1"\n')
+    assert ncu_source_stalls.summarize(rows)["loop_instructions"] == 2

@@ -486,8 +486,9 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
 #: ``GluonVariant.l2_prefetch`` 1: ptxas issues the value loads after the first wait on the key loads,
 #: so each tile paid two memory round trips; two prefetch instructions per tile make the second an L2
 #: hit). H100, whole steps, the same split count side by side, four defaults (this one, the open
-#: share, the page grid and its open share): 1-4 % less time at INT2 and INT4 at 2-128 requests of
-#: 2K-64K tokens, 0.3-0.7 % more at (2, 65536) INT4; same outputs (benches/results/kernels_gluon_s34/).
+#: share, the page grid and its open share): 0.8-4.2 % less time at 17 of 20 (shape, format, bits) at
+#: 2-128 requests of 2K-64K tokens, INT2 and INT4, equal at two, 0.3 % more at (2, 65536) paper INT4;
+#: the same outputs (benches/results/kernels_gluon_s34/).
 GLUON_DEFAULT_VARIANT = "dnp_r128fslwnkv"
 #: The (request, KV head) pairs of a launch, first and last, for which the default takes the Gluon
 #: stage 1. From 32 pairs since session 21 (H100, session 25: 1.02-1.14x at 4 requests of 8K and 32K
@@ -529,7 +530,8 @@ GLUON_DEFAULT_PAGE_BITS = (2, 4)
 #: before): 784 instead of 889 instructions per 32-token INT2 tile (sm_90 SASS), whole steps on an
 #: H100 6-8 % faster at INT2 and 4-5 % at INT4 at (8, 32768) and (16, 65536)
 #: (benches/results/kernels_gluon_s31/). Since session 34 with the value-line L2 prefetch
-#: ("dnp_r128fslwnpv", see ``GLUON_DEFAULT_VARIANT``): H100, 1-4 % less time at INT2 and INT4.
+#: ("dnp_r128fslwnpv", see ``GLUON_DEFAULT_VARIANT``): H100, 0.8-4.2 % less time at INT2 and INT4
+#: at 2-64 requests (equal at (64, 4096) INT2).
 GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwnpv"
 #: The Gluon default's tile for page-grid key ranges at G_K 16: 32 tokens, two key groups per tile
 #: (the per-tile costs spread over twice the tokens: 889 instead of 2 x 523 instructions per 32
