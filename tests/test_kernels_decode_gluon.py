@@ -555,6 +555,25 @@ def test_gluon_page_default_step_runs_right_on_the_cpu():
     assert err_unfused < 1e-6, f"vs the unfused path: relative RMS {err_unfused:.2e}"
 
 
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
+@pytest.mark.parametrize("fmt,merge,split", [(None, True, "write"), ("page", False, "write"), (None, False, "rotation")])
+def test_gluon_split_write_step_runs_right_on_the_cpu(fmt, merge, split):
+    """``_DecodeTuning.split_write`` (the write as a launch of its own, then the fused variant without
+    it: the query rotation, the partials rotated back, the merge in the launch or after it; with
+    ``split_rotation`` the query rotation in the write's launch), for the paper format's and the
+    page-grid format's defaults, sources executed by the numpy stand-in: the same staged bits as the
+    fused Triton step, output within 1e-6 of the fused step."""
+    variant = kdecode.GLUON_DEFAULT_VARIANT if fmt is None else kdecode.GLUON_DEFAULT_PAGE_VARIANT
+    kw = {} if fmt is None else {"fmt": INT2_FORMAT, "block_n": kdecode.GLUON_DEFAULT_PAGE_BLOCK_N}
+    same, st, err, _, err_split, same_split = _numpy_check_module().check_step(
+        2, "layer", None, variant, merge=merge, split_write=split, **kw)
+    assert same and same_split, "a write staged other bits than the Triton step's"
+    assert err < _bound(variant, 2, 1e-3), f"the fused step vs the Triton step: relative RMS {err:.2e}"
+    assert err_split < 1e-6, f"split write vs the fused step: relative RMS {err_split:.2e}"
+
+
 def test_gluon_variants_are_checked(nan_empty):
     """The sweep's variant names and knobs: unknown names and out-of-range knobs are refused with
     the allowed values, before any launch (so also where Gluon cannot run)."""
@@ -661,6 +680,31 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
         return pool, oscar_decode_attention(**kw)
     tuning = dataclasses.replace(kdecode._default_tuning(len(lens), h, d, p), gluon=gluon, **(tune or {}))
     return pool, oscar_decode_attention(**kw, _tuning=tuning)
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits,key_page,batch", [(2, False, 4), (4, False, 40), (2, True, 40), (4, True, 4)])
+@pytest.mark.parametrize("split", ["write", "rotation", "pdl"])
+def test_gluon_split_write_equals_the_fused_step(bits, key_page, batch, split, nan_empty):
+    """``_DecodeTuning.split_write`` (the write as a launch of its own before the fused Gluon stage 1;
+    ``split_rotation``: with the query rotation; ``split_pdl``: the stage 1 a programmatic dependent
+    launch, only its open-page programs waiting for the write's stores): the same staged keys and
+    values (token scales within an ulp) as the fused step and the same output to 1e-6, the padding
+    request skipped; the formats' defaults, with the merge in the launch (40 requests) and after it (4)."""
+    cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT) if key_page else OscarConfig(bits=bits, page_size=128)
+    variant = kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT
+    tune = dict(gluon_variant=variant, block_n=kdecode.GLUON_DEFAULT_PAGE_BLOCK_N if key_page else 32)
+    gen = torch.Generator().manual_seed(batch)
+    lens = tuple(int(x) for x in torch.randint(2, 1500, (batch,), generator=gen))
+    a, out_fused = _step_with_write(cfg, gluon=True, lens=lens, tune=tune)
+    b, out_split = _step_with_write(cfg, gluon=True, lens=lens,
+                                    tune=dict(tune, split_write=True, split_rotation=split == "rotation",
+                                              split_pdl=split == "pdl"))
+    assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
+    assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))
+    torch.testing.assert_close(a.staging_scale, b.staging_scale, rtol=2.4e-7, atol=0)
+    assert rel_rms(out_split, out_fused) < 1e-6
 
 
 @gpu

@@ -412,6 +412,16 @@ class _DecodeTuning:
             programs per SM (``pick_num_splits(fit=True)``; ``waves`` then unused): with a Gluon
             variant whose open-page program takes a share of the sealed tiles (``open_share``), where
             the launcher's rule takes one (``gluon_share_rule``).
+        split_write: with a ``fused`` Gluon variant, the new token's write as its own launch
+            (``oscar_write_kv``) before the Gluon stage 1, which keeps the query rotation, the
+            partials' inverse rotation and the merge: the stage 1 compiled without the write's code
+            (ptxas schedules its sealed-tile loop as in the launch without a write).
+        split_rotation: with ``split_write``, the query rotation moves into the write launch too (the
+            stage 1 then compiled without either).
+        split_pdl: with ``split_write``, the stage 1 as a programmatic dependent launch (sm_90): it
+            starts while the write's launch runs, and only its open-page programs wait for that
+            launch's stores (``griddepcontrol.wait``); not with ``split_rotation`` (every program
+            reads the rotated queries).
     """
 
     block_n: int
@@ -428,6 +438,9 @@ class _DecodeTuning:
     resident: int = RESIDENT_PROGRAMS_PER_SM
     merge_chunk: int | str | None = None
     fit: bool = False
+    split_write: bool = False
+    split_rotation: bool = False
+    split_pdl: bool = False
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
@@ -780,6 +793,18 @@ def oscar_decode_attention(
     if b == 0:
         return out
     if tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused:
+        pdl = False
+        if write and tune.split_write:  # the write first, in a launch of its own (with the query rotation: split_rotation)
+            if tune.split_pdl and tune.split_rotation:
+                raise ValueError("split_pdl: the stage 1 would read the queries the write's launch rotates before it waits")
+            rot = q_rot is None and tune.split_rotation
+            pdl = tune.split_pdl
+            rotated = oscar_write_kv(k=new_k, v=new_v, loc=new_loc, page_to_staging=layer.page_to_staging,
+                                     staging_k=layer.staging_k, staging_v=layer.staging_v, staging_scale=staging_scale,
+                                     rotation=layer.rotation, q=q if rot else None, q_rot_out=q_scratch if rot else None,
+                                     key_rotated=layer.key_rotated, _launch_dependents=pdl)  # fmt: skip
+            q_rot = rotated if rot else q_rot
+            write = False
         # one launch (few splits: the merge fused too, as the Triton step does) or two: the Gluon stage
         # 1 with the query rotation, the write and the partials' inverse rotation, then the plain merge
         fused = {"q_ptr": q if q_rot is None else None,
@@ -796,7 +821,7 @@ def oscar_decode_attention(
                                          group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
                                          seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
                                          block_n=tune.block_n, block_t=tune.block_t, variant=tune.gluon_variant,
-                                         fused=fused, window_left=window)
+                                         fused=fused, window_left=window, pdl=pdl)
         if not merge_in:
             merge_launch(part_o, part_lse, out)
         return out

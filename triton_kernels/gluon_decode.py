@@ -1148,6 +1148,13 @@ if gl is not None:
         return kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1
 
     @gluon.jit
+    def _gdc_wait(x):
+        """``griddepcontrol.wait``: in a programmatic dependent launch (``PDL``), wait for the launch
+        before it and see its stores (``x``: any scalar, the asm's operand); a no-op otherwise."""
+        gl.inline_asm_elementwise("griddepcontrol.wait;\nmov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
     def _l2_prefetch(ptrs):
         """``prefetch.global.L2`` of each lane's address (a pointer tensor, one element per lane): no
         result register, so nothing for ptxas to shorten by moving it toward a use."""
@@ -1762,7 +1769,7 @@ if gl is not None:
         TMA: gl.constexpr = 0, LTK: gl.constexpr = None, LTV: gl.constexpr = None, LTP: gl.constexpr = None,
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
-        EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0, L2PF: gl.constexpr = 0,
+        EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0, L2PF: gl.constexpr = 0, PDL: gl.constexpr = False,
     ):  # fmt: skip
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
@@ -1869,6 +1876,8 @@ if gl is not None:
                                                     sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LK, LV, LLOAD,
                                                     t_min, WINDOW, DIRECT)
         else:
+            if PDL:  # a programmatic dependent of the write's launch: its stores (the new token) are read below
+                _gdc_wait(seq_len)
             if EARLY:
                 stg, n_valid, t_min = stg_e, n_valid_e, t_min_e
             else:
@@ -2167,7 +2176,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
                         kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
                         part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int,
                         variant: str = DEFAULT_GLUON_VARIANT, fused: dict[str, object] | None = None,
-                        window_left: int | None = None) -> None:
+                        window_left: int | None = None, pdl: bool = False) -> None:
     """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
     page): partials and log-sum-exps into ``part_o`` / ``part_lse``, in the rotated basis unless
     ``fused`` (then in the model's: the plain merge launch follows). The caller
@@ -2178,7 +2187,10 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     ``stg_scale_ptr`` (the write, or None), ``krot_ptr`` / ``KEY_MASK`` (``key_mask_arguments``),
     ``ROTATE`` / ``LOG2D`` / ``INV_SQRT_D`` (``rotation_arguments``), and for the merge in the launch
     ``counter_ptr`` / ``out_ptr`` (``decode_workspace``'s counters, the output; absent: the caller
-    merges). ``window_left``: a sliding-window layer's window (``check_window``'s), or None."""
+    merges). ``window_left``: a sliding-window layer's window (``check_window``'s), or None.
+    ``pdl``: launched as a programmatic dependent of the launch before it (the write's,
+    ``_DecodeTuning.split_pdl``), whose stores only the open-page program reads, after
+    ``griddepcontrol.wait``."""
     var = gluon_variant(variant)
     block_n = var.block_n or block_n  # GluonVariant.block_n: the variant's own tile
     reason = gluon_available(q_rot.device)
@@ -2227,6 +2239,6 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         ROT_Q=q is not None, WRITE=write, ROT_OUT=var.fused, ROTATE=bool(f.get("ROTATE", False)),
         LOG2D=f.get("LOG2D", d.bit_length() - 1), INV_SQRT_D=f.get("INV_SQRT_D", d ** -0.5),
         KEY_MASK=bool(f.get("KEY_MASK", False)), BLOCK_HK=max(1, 1 << (h - 1).bit_length()),
-        MERGE=out is not None, BLOCK_G=block_g, CHUNK=max(1, 2048 // (block_g * d)),
-        num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
+        MERGE=out is not None, BLOCK_G=block_g, CHUNK=max(1, 2048 // (block_g * d)), PDL=pdl,
+        num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}), **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip

@@ -14,6 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Grid dependency control (sm_90+): lets a programmatic dependent launch start early (no-op without PDL)
+    from triton.language.extra.cuda import gdc_launch_dependents
+except ImportError:  # a Triton without it: the launcher never asks for it then (decode.split_pdl_available)
+    gdc_launch_dependents = None
+
 from .common import (check_fp32_buffer, check_int32, check_staging, key_mask_arguments, key_rows_rotated, load_rotated, rotation_arguments,
                      store_rotated_rows, store_token_scales, to_bf16_rne, unspecialized)
 
@@ -51,10 +56,14 @@ def _write_kv_kernel(
     QG: tl.constexpr,
     HAS_KV: tl.constexpr,
     HAS_Q: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     # One program per token: its K/V into staging (HAS_KV), its queries rotated (HAS_Q), or both.
     # KEY_MASK: only the KV heads flagged in krot_ptr have their keys rotated, and the queries of
-    # their QG query heads; values follow ROTATE in every head.
+    # their QG query heads; values follow ROTATE in every head. LAUNCH_DEPENDENTS: the next launch
+    # (a programmatic dependent launch, which waits for this one's stores where it reads them) may start.
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     i_t = tl.program_id(0).to(tl.int64)
     if HAS_KV:
         o_h = tl.arange(0, BLOCK_H)
@@ -93,10 +102,12 @@ _KV_SIZES = ("stride_kt", "stride_kh", "stride_vt", "stride_vh", "S")
 
 
 def _launch(t: int, d: int, rotate: dict[str, object], q: torch.Tensor | None, q_out: torch.Tensor | None,
-            kv: dict[str, object] | None, key_rotated: torch.Tensor | None, num_kv_heads: int) -> None:
+            kv: dict[str, object] | None, key_rotated: torch.Tensor | None, num_kv_heads: int,
+            launch_dependents: bool = False) -> None:
     """``_write_kv_kernel`` over ``t`` tokens of head dim ``d``: the K/V write when ``kv`` (its K/V
     arguments by name) is given, the query rotation into ``q_out`` when ``q`` is; ``rotate``:
-    ``rotation_arguments``; ``key_rotated``: `PagedLayer.key_rotated` of ``num_kv_heads`` heads."""
+    ``rotation_arguments``; ``key_rotated``: `PagedLayer.key_rotated` of ``num_kv_heads`` heads;
+    ``launch_dependents``: the next launch, a programmatic dependent one, may start right away."""
     has_kv = kv is not None
     anchor = kv["k_ptr"] if kv is not None else q
     mask = key_mask_arguments(key_rotated, rotation=bool(rotate["ROTATE"]), num_kv_heads=num_kv_heads,
@@ -119,6 +130,7 @@ def _launch(t: int, d: int, rotate: dict[str, object], q: torch.Tensor | None, q
         QG=max(1, hq // num_kv_heads),
         HAS_KV=has_kv,
         HAS_Q=q is not None,
+        LAUNCH_DEPENDENTS=launch_dependents,
         num_warps=4,
     )
 
@@ -136,6 +148,7 @@ def oscar_write_kv(
     q: torch.Tensor | None = None,
     q_rot_out: torch.Tensor | None = None,
     key_rotated: torch.Tensor | None = None,
+    _launch_dependents: bool = False,
 ) -> torch.Tensor | None:
     """Rotate a step's new keys/values, compute s_t and write them into the staging pages.
 
@@ -152,6 +165,8 @@ def oscar_write_kv(
         q_rot_out: optional ``[T, Hq, D]`` fp32 destination of the rotated queries.
         key_rotated: ``[H]`` int32 per-head key-rotation flags (`PagedLayer.key_rotated`): only
             the flagged heads' keys, and their queries, are rotated; None: every head's.
+        _launch_dependents: the decode launcher only (``_DecodeTuning.split_pdl``): the launch that
+            follows is a programmatic dependent one and may start at once (sm_90+).
     Returns:
         The rotated queries ``[T, Hq, D]`` fp32 when ``q`` is given, else None.
     """
@@ -191,7 +206,9 @@ def oscar_write_kv(
         "P": page_size,
         "S": s_cols,
     }
-    _launch(t, d, rotate, q, q_rot_out, kv, key_rotated, h)
+    if _launch_dependents and gdc_launch_dependents is None:
+        raise RuntimeError("this Triton has no grid dependency control (triton.language.extra.cuda.gdc_launch_dependents)")
+    _launch(t, d, rotate, q, q_rot_out, kv, key_rotated, h, launch_dependents=_launch_dependents)
     return q_rot_out
 
 

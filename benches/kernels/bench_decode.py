@@ -189,6 +189,9 @@ class OscarSetup:
         """One decode launch as the backend runs it (``fused``: query rotation, the new token's write
         and the merge in the launch), without the write (``nowrite``), or the unfused two-launch
         path of the first version (``unfused``: queries rotated beforehand, separate merge launch),
+        or with the write as a launch of its own before the stage 1 (``splitwrite``:
+        ``_DecodeTuning.split_write``, a fused Gluon variant only; ``splitrot``: the query rotation
+        in that launch too; ``splitpdl``: the stage 1 a programmatic dependent launch),
         or with the queries rotated beforehand and the tuning as given (``qrot``: the ``--gluon``
         comparison, whose Gluon stage 1 fuses neither the write nor the rotation).
         ``tuning``: the launcher's ``_DecodeTuning``; the workspace ``ws`` sets the split count."""
@@ -201,6 +204,11 @@ class OscarSetup:
             # maps to no staging slot, so the launch runs the write's lookups but stores nothing
             loc = self.new_loc[copy] if mode == "fused" else torch.zeros_like(self.new_loc[copy])
             kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=loc, staging_scale=self.staging_scale)
+        elif mode in ("splitwrite", "splitrot", "splitpdl"):  # the write in a launch of its own (splitrot: with
+            # the query rotation; splitpdl: the stage 1 a programmatic dependent launch)
+            kw.update(new_k=self.new_k, new_v=self.new_v, new_loc=self.new_loc[copy], staging_scale=self.staging_scale,
+                      _tuning=dataclasses.replace(tuning, split_write=True, split_rotation=mode == "splitrot",
+                                                  split_pdl=mode == "splitpdl"))
         elif mode == "unfused":
             kw.update(q_rot=self.q_rot, _tuning=dataclasses.replace(tuning, fused_merge=False))
         elif mode == "qrot":

@@ -46,9 +46,11 @@ SIGNATURE = {
 
 def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
                    v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1", window: bool = False,
-                   key_page: bool = False):
+                   key_page: bool = False, rot_q: bool | None = None, write: bool | None = None):
     """The Gluon stage 1 (``variant``: a key of ``GLUON_VARIANTS``) compiled for sm_90
-    (``triton.compile``; no GPU needed); ``key_page``: page-grid key ranges."""
+    (``triton.compile``; no GPU needed); ``key_page``: page-grid key ranges. A fused variant compiles
+    the whole step; ``rot_q`` / ``write`` False leave its query rotation / write out (the launcher's
+    ``split_write`` form: neither; the "without write" launch of the benchmarks: no write)."""
     var = G.gluon_variant(variant)
     if key_page:
         G.check_gluon_key_page(variant)
@@ -59,7 +61,8 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
     const = dict(H=h, GROUP=group, BLOCK_H=block_h, D=d, BITS=bits, P=p, G_K=k_group, G_V=v_group, S=s_cols,
                  BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, **var.constexprs(),
                  # a fused variant compiles the whole step (query rotation, write, rotated-back partials, merge)
-                 ROT_Q=var.fused, WRITE=var.fused, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
+                 ROT_Q=var.fused if rot_q is None else var.fused and rot_q,
+                 WRITE=var.fused if write is None else var.fused and write, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h, MERGE=var.fused, BLOCK_G=block_g,
                  CHUNK=max(1, 2048 // (block_g * d)), WINDOW=window, KEY_PAGE=key_page,
                  **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h, v_group=v_group))
@@ -179,7 +182,11 @@ def main() -> int:
     ap.add_argument("--format", choices=("group", "page"), default="group",
                     help="key ranges and groups: 'group' (the paper's fp16 pairs, G_K = G_V = 32; default) or 'page' "
                          "(the INT2 server default: page-grid ranges, G_K 16, G_V 64; block_n 16)")
+    ap.add_argument("--fused-parts", choices=("all", "nowrite", "split"), default="all",
+                    help="a fused variant's parts in the launch: 'all' (the query rotation and the write; default), "
+                         "'nowrite' (the query rotation only), 'split' (neither: _DecodeTuning.split_write's stage 1)")
     args = ap.parse_args()
+    parts = {"all": {}, "nowrite": dict(write=False), "split": dict(rot_q=False, write=False)}[args.fused_parts]
     print(f"triton {triton.__version__}")
     reason = G.gluon_available()
     if reason is not None:
@@ -203,7 +210,7 @@ def main() -> int:
                 try:
                     fmt = (dict(k_group=16, v_group=64, key_page=True) if args.format == "page" else {})
                     ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant, window=args.window,
-                                        **fmt)
+                                        **fmt, **parts)
                 except Exception as exc:  # noqa: BLE001 - report every variant
                     cause = f" (cause: {exc.__cause__!r})"[:1500] if exc.__cause__ is not None else ""
                     print(f"{name}: COMPILE FAILED: {type(exc).__name__}: {str(exc)[:2000]}{cause}")

@@ -579,7 +579,7 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
 
 
 def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 64), h=8, g=4, merge=None, fmt=None,
-               block_n=None):
+               block_n=None, split_write=False):
     """A whole decode step of a ``fused`` variant (its query rotation, the new token's write and the
     partials rotated back, then the plain merge) against the fused Triton step (Triton's
     interpreter) on copies of one pool: the staged keys and values (bits), the token scales (max
@@ -589,13 +589,16 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     to page 0, which has no staging slot). ``merge``: the merge in the launch (None: the launcher's
     rule). ``fmt``: fields over PAPER_FORMAT (e.g. ``INT2_FORMAT``: page-grid key ranges);
     ``block_n``: the Gluon tile (None: the Triton tuning's). Returns (staging equal, s_t max rel.
-    diff, output rel. RMS vs the Triton step, vs the unfused path)."""
+    diff, output rel. RMS vs the Triton step, vs the unfused path); with ``split_write`` also the
+    output's relative RMS from the launcher's ``split_write`` form (``"write"``: the write launch, then
+    the same fused variant without its write; ``"rotation"``: the query rotation in the write launch
+    too, as ``split_rotation``) and whether that form staged the same bits."""
     from oscar_sgl.kernels import oscar_decode_attention, oscar_write_kv
 
     d, p = 128, 128
     cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **{**PAPER_FORMAT, **(fmt or {})})
     pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens_before_write(lens, p), device=torch.device("cpu"), seed=seed,
-                        key_rotated=key_rotated) for _ in range(3)]
+                        key_rotated=key_rotated) for _ in range(4 if split_write else 3)]
     seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32)
     gen = torch.Generator().manual_seed(seed + 1)
     k_new = torch.randn(len(lens), h, d, generator=gen).bfloat16()
@@ -639,7 +642,31 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     print(f"{variant} step INT{bits} {scope} key_rotated={key_rotated} block_n={bn} {fmt or ''}: staging equal {same}, s_t max rel. diff "
           f"{st:.1e}, output vs the Triton step {err:.2e} (16-token open-page tiles round its probabilities "
           f"to bf16 against other running maxima than 32-token ones), vs the unfused path {err_un:.2e}")
-    return same, st, err, err_un
+    if not split_write:
+        return same, st, err, err_un
+    # the launcher's split_write form: the write launch (split_rotation: + the query rotation), then the
+    # fused variant without the write (its partials rotated back in the launch, the merge by the same rule)
+    if split_write not in ("write", "rotation"):
+        raise ValueError(f"split_write: False, 'write' or 'rotation', got {split_write!r}")
+    rot = split_write == "rotation"
+    sp, lay = pools[3], pools[3].layer
+    sp.seq_lens = seq_lens
+    q_rot3 = oscar_write_kv(k=k_new, v=v_new, loc=loc, page_to_staging=lay.page_to_staging, staging_k=lay.staging_k,
+                            staging_v=lay.staging_v, staging_scale=sp.staging_scale, rotation=lay.rotation,
+                            q=q if rot else None, q_rot_out=torch.empty(q.shape) if rot else None,
+                            key_rotated=lay.key_rotated)  # fmt: skip
+    part_o3, part_lse3, _, q_scratch3 = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
+    out_sp = torch.full(q.shape, float("nan"))
+    run_stage1(sp, q_rot3 if rot else q_scratch3, g, part_o3, part_lse3, bn, min(p, 32), sm, variant=variant,
+               fused={**({} if rot else {"q": q}), "key_rotated": lay.key_rotated, "rotation": cfg.rotation,
+                      **({"out": out_sp} if merge_in else {})})
+    if not merge_in:
+        kdecode.merge_launch(part_o3, part_lse3, out_sp)
+    same_sp = (torch.equal(lay.staging_k.view(torch.int16), pools[1].layer.staging_k.view(torch.int16))
+               and torch.equal(lay.staging_v.view(torch.int16), pools[1].layer.staging_v.view(torch.int16)))
+    err_sp = rel_rms(out_sp, out)
+    print(f"  split write ({split_write}): staging equal {same_sp}, output vs the fused step {err_sp:.2e}")
+    return same, st, err, err_un, err_sp, same_sp
 
 
 def main() -> int:
