@@ -16,5 +16,5 @@ OMP_NUM_THREADS=1 timeout 150 python3 -m pytest -p no:cacheprovider -p no:benchm
 echo "pytest rc $?"; tail -4 "$OUT/gpu_tests.log"
 timeout ${SPLIT_TIMEOUT:-330} python3 benches/kernels/write_share.py --formats group,page --bits 2,4 --repeats 2 --budget 12e9 \
   --shapes 64x4096,32x8192,8x32768,16x65536 --out "$OUT/split_write.json" > "$OUT/split_write.log" 2>&1
-echo "write_share rc $?"; grep RESULT "$OUT/split_write.log" | sed 's/ (ran [^)]*)//; s/write compiled in but storing nothing/skip/' | cut -c1-230
+echo "write_share rc $?"; grep -E "RESULT|FAILED" "$OUT/split_write.log" | sed 's/ (ran [^)]*)//; s/write compiled in but storing nothing/skip/' | cut -c1-230
 wait $bpid; tail -2 "$OUT/authors_build.log"; ls -la "$OUT"
