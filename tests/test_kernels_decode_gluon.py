@@ -900,6 +900,11 @@ def test_the_gluon_default_rule(monkeypatch):
                                                else kdecode.GLUON_DEFAULT_VARIANT), batch
         assert (t.waves, t.resident, t.fit) == (waves, resident, share), batch
         assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
+        # the write as a launch of its own, the stage 1 its programmatic dependent: INT2, GLUON_SPLIT_WRITE_PAIRS
+        lo, hi = kdecode.GLUON_SPLIT_WRITE_PAIRS
+        assert t.split_write == t.split_pdl == (2 in kdecode.GLUON_SPLIT_WRITE_BITS and lo <= batch * 8 <= hi), batch
+        t4 = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=4, device=torch.device("cuda"), **fmt)
+        assert t4.split_write == (4 in kdecode.GLUON_SPLIT_WRITE_BITS and lo <= batch * 8 <= hi), batch
         n = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
         assert n == kdecode.pick_num_splits(batch, 8, waves=waves, resident=resident, fit=share)
     # the page-grid format's tuning: the same splits on the page default's 32-token Gluon tiles
@@ -1039,7 +1044,8 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
     own choice is the Gluon step, from 512 pairs balanced over whole waves of ``GLUON_RESIDENT``
     programs per SM; where that grid's last wave would be a partial one (``gluon_share_rule``: on 132
     SMs at 2, 32, 64 and 96 requests, not at 3 and 16) the open-share variant at the one-wave split
-    count. The split count
+    count; at INT2 within ``GLUON_SPLIT_WRITE_PAIRS`` (32 and 64 requests here) the write as a launch of
+    its own, the stage 1 its programmatic dependent. The split count
     ``decode_num_splits(..., layer=...)`` reports (what the backend sizes its graph workspace with) is
     the one it runs; the output is bit-identical to asking for that tuning and agrees with the fused
     Triton step; the paper format and the server's (page-grid key ranges)."""
@@ -1063,7 +1069,11 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
     assert tune.waves == waves and tune.resident == kdecode.GLUON_RESIDENT
     splits = kdecode.decode_num_splits(batch, h, d, p, layer=pool.layer, num_q_heads=4 * h, device=torch.device("cuda"))
     assert splits == kdecode.pick_num_splits(batch, h, waves=waves, resident=kdecode.GLUON_RESIDENT, fit=share)
-    explicit = dict(gluon_variant=tune.gluon_variant, resident=kdecode.GLUON_RESIDENT, fit=share, block_n=tune.block_n)
+    lo, hi = kdecode.GLUON_SPLIT_WRITE_PAIRS
+    split = bits in kdecode.GLUON_SPLIT_WRITE_BITS and lo <= batch * h <= hi
+    assert tune.split_write == tune.split_pdl == split and not tune.split_rotation
+    explicit = dict(gluon_variant=tune.gluon_variant, resident=kdecode.GLUON_RESIDENT, fit=share, block_n=tune.block_n,
+                    split_write=split, split_pdl=split)
     _, out_explicit = _step_with_write(cfg, gluon=True, lens=lens, tune=explicit)
     _, out_split = _step_with_write(cfg, gluon=True, lens=lens, tune={**explicit, "fit": False, "num_splits": splits})
     _, out_triton = _step_with_write(cfg, gluon=False, lens=lens)

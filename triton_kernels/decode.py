@@ -558,6 +558,19 @@ GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
 #: tiles (``GluonVariant.open_share``), at the split count whose programs fit one wave.
 GLUON_DEFAULT_SHARE_VARIANT = "dnp_r128fslwnkxv"
 GLUON_DEFAULT_PAGE_SHARE_VARIANT = "dnp_r128fslwnpxv"
+#: The (request, KV head) pairs, first and last, and the bit widths at which the Gluon default runs
+#: the new token's write as a launch of its own and its stage 1 as a programmatic dependent of it
+#: (``_DecodeTuning.split_write`` + ``split_pdl``): the stage 1 compiled without the write's code,
+#: whose sealed-tile loop ptxas schedules as in the launch without a write (sm_90 SASS: the same
+#: sequence), faster at 32-64 requests at INT2; the open-page programs alone wait for the write's
+#: stores. H100, session 35, whole steps side by side (benches/results/kernels_gluon_s35/), INT2
+#: against the fused step, paper / server format: 24-64 requests at 8 KV heads (192-512 pairs) 0.4-3.3 %
+#: less time ((24, 8192) 3.3 / 2.5 %, (32, 8192) 1.6-2.3 / 2.8 %, (40, 4096) 0.4 / 0.8 %, (48, 4096)
+#: 0.7 / 0.9 %, (64, 4096) 1.5-1.6 / 1.5-2.2 %); 8 and 16 requests 1.2-2.6 % more ((16, 65536) within
+#: +-1 %), 96 requests 4.7-6.0 % more, 128 requests 2.1-2.8 % less (outside the range: 96 loses);
+#: INT4 0-2.3 % more at 8-64 requests (kept fused).
+GLUON_SPLIT_WRITE_PAIRS = (192, 512)
+GLUON_SPLIT_WRITE_BITS = (2,)
 #: ``gluon_share_rule``: the share of a wave the launch's last, partial wave must exceed before the
 #: default takes the open-share variant at the one-wave split count. H200, whole steps, side by side
 #: (benches/results/kernels_gluon_s32/share/): at 128 pairs (16 requests at 8 KV heads: 17 programs
@@ -641,18 +654,23 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     over whole waves of ``GLUON_RESIDENT`` programs per SM where the Triton tuning balances over 8
     (from 512 pairs on; the same split count below); where that grid would end in a partial wave
     (``gluon_share_rule``), the open-share variant (``GLUON_DEFAULT_SHARE_VARIANT``,
-    ``GLUON_DEFAULT_PAGE_SHARE_VARIANT``) at the one-wave split count (``fit``).
-    ``decode_num_splits(..., layer=...)`` gives its split count."""
+    ``GLUON_DEFAULT_PAGE_SHARE_VARIANT``) at the one-wave split count (``fit``); from
+    ``GLUON_SPLIT_WRITE_PAIRS`` at ``GLUON_SPLIT_WRITE_BITS``, the write as a launch of its own
+    before it (``split_write``, ``split_pdl``). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
     block_n = gluon_block_n(tune.block_n, k_group, key_page)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=block_n,
                             device=device) is None:
+        lo, hi = GLUON_SPLIT_WRITE_PAIRS
+        split = bits in GLUON_SPLIT_WRITE_BITS and lo <= batch * num_kv_heads <= hi
         if gluon_share_rule(batch, num_kv_heads, waves=tune.waves, resident=GLUON_RESIDENT):
             variant = GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else GLUON_DEFAULT_SHARE_VARIANT
-            return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n, fit=True)
+            return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n, fit=True,
+                           split_write=split, split_pdl=split)
         variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
-        return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n)
+        return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n,
+                       split_write=split, split_pdl=split)
     return tune
 
 
@@ -706,7 +724,9 @@ def oscar_decode_attention(
     formats it reads (``gluon_default_reason``), the default is the Gluon stage 1
     (``GLUON_DEFAULT_VARIANT``, ``GLUON_DEFAULT_PAGE_VARIANT`` for page-grid key ranges: the
     write, the query rotation and with few splits the merge in its launch too, else a merge launch
-    after it); ``OSCAR_SGL_GLUON_DECODE=0`` keeps the Triton one.
+    after it; at INT2 from 192 to 512 pairs, ``GLUON_SPLIT_WRITE_PAIRS``, the write in a launch of
+    its own before it, the stage 1 its programmatic dependent); ``OSCAR_SGL_GLUON_DECODE=0`` keeps
+    the Triton one.
 
     Args:
         q: ``[B, Hq, D]`` post-RoPE queries (un-rotated); Hq a multiple of the KV heads H.

@@ -27,6 +27,7 @@ Prints one ``RESULT`` line per (format, shape, variant, repeat); ``--out FILE`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import runpy
 from pathlib import Path
@@ -82,13 +83,15 @@ def main() -> int:
                         setattr(decode, prefix + "VARIANT", base)
                         if share:
                             setattr(decode, prefix + "SHARE_VARIANT", share)
-                    tune = bench["launcher_tuning"](bits, b, **fmt)
+                    launcher = bench["launcher_tuning"](bits, b, **fmt)
+                    # the fused step is the reference form; the launcher's own (split or not) is named below
+                    tune = dataclasses.replace(launcher, split_write=False, split_rotation=False, split_pdl=False)
                     if st is None:
                         st, ws, _, copies = bench["_default_launch_setup"](bits, b, ctx, args.budget, tune, **fmt)
                     splits = decode.pick_num_splits(b, bench["H"], waves=tune.waves, resident=tune.resident, fit=tune.fit)
                     if ws[0].shape[2] != splits + 1:
                         ws = decode.decode_workspace(b, bench["HQ"], bench["H"], bench["D"], splits, bench["DEV"])
-                    ran = tune.gluon_variant if tune.gluon else "triton"
+                    ran = (tune.gluon_variant if tune.gluon else "triton") + (" + split_pdl" if launcher.split_pdl else "")
                     t = {}
                     for mode in ("fused", "splitwrite", "splitrot", "splitpdl", "nowrite", "skipwrite"):
                         if mode.startswith("split") and not (tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused):
