@@ -448,7 +448,7 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         desc = {"block_n": tune.block_n, "num_warps": tune.num_warps, "num_stages": tune.num_stages, "waves": tune.waves,
                 "maxnreg": tune.maxnreg, "transposed": tune.transposed, "default": is_default,
-                "gluon": tune.gluon_variant if tune.gluon else None}
+                "gluon": (tune.gluon_variant + (" + split_pdl" if tune.split_pdl else "")) if tune.gluon else None}
         try:
             st.call(0, tuning=tune, ws=ws)()
             torch.cuda.synchronize()
@@ -538,7 +538,7 @@ def bench_formats(bits: int, batch: int, ctx: int, budget: float, formats=FORMAT
         t = time_calls([st.call(c, tuning=default, ws=ws) for c in range(copies)])
         eff = st.cfg.effective_bits(H, D)
         rows.append({"format": name, "k_group": kg, "v_group": vg, "key_page": page, "bits": bits, "batch": batch, "ctx": ctx,
-                     "stage1": f"gluon:{default.gluon_variant}" if default.gluon else "triton", "effective_bits": eff, "kv_bytes": per_call, "copies": copies, "TBps": per_call / (t["us"] * 1e-6) / 1e12, **t})
+                     "stage1": f"gluon:{default.gluon_variant}{' + split_pdl' if default.split_pdl else ''}" if default.gluon else "triton", "effective_bits": eff, "kv_bytes": per_call, "copies": copies, "TBps": per_call / (t["us"] * 1e-6) / 1e12, **t})
         log(f"    {name:28s} INT{bits} B={batch} ctx={ctx}: {t['us']:8.2f} us  {eff:.3f} b  {rows[-1]['TBps']:.2f} TB/s")
         del st
         torch.cuda.empty_cache()
@@ -1183,7 +1183,8 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "separate launch, stage 1, separate merge launch 'stage 2').",
         "",
         "OScaR us = " + ("the launcher's default launch, as the backend runs it (stage 1: Triton, or 'gluon:VARIANT' in the "
-                         "config column where the Gluon default takes it)." if m.get("variants") == "default" else
+                         "config column where the Gluon default takes it; ' + split_pdl': the write in a launch of its own before it, "
+                         "the stage 1 its programmatic dependent)." if m.get("variants") == "default" else
                          "the fastest of the stage-1 sweep (" + str(m.get("variants")) + "), 'default us' the launcher's default.")
         + " Format: the paper's (K/V groups of 32 tokens / channels, fp16 group pairs), INT2 and INT4.",
         "",
