@@ -16,7 +16,7 @@ import triton.language as tl
 
 try:  # Grid dependency control (sm_90+): lets a programmatic dependent launch start early (no-op without PDL)
     from triton.language.extra.cuda import gdc_launch_dependents
-except ImportError:  # a Triton without it: the launcher never asks for it then (decode.split_pdl_available)
+except ImportError:  # a Triton without it: oscar_write_kv refuses _launch_dependents (its caller, the Gluon default, needs 3.6)
     gdc_launch_dependents = None
 
 from .common import (check_fp32_buffer, check_int32, check_staging, key_mask_arguments, key_rows_rotated, load_rotated, rotation_arguments,
