@@ -493,6 +493,96 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
     assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
 
 
+def test_merge_pdl_runs_where_grid_dependency_control_does_and_is_refused_elsewhere(nan_empty, monkeypatch):
+    """``_DecodeTuning.merge_pdl`` (the separate merge launch as a programmatic dependent of stage 1):
+    the launcher takes it on sm_90+ outside the interpreter (``merge_pdl_reason`` None), never on a CPU
+    or an older GPU; asked for where it cannot run, the launch is refused with a ValueError naming it
+    before any kernel runs; where it can, the output is the plain merge launch's, bit for bit."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    pool = build_pool(cfg, h=2, d=64, p=32, lens=[6 * 32 + 3, 40], seed=31)
+    q = torch.randn(2, 8, 64).bfloat16().to(DEVICE)
+    plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=4, fused_merge=False))
+    reason = kdecode.merge_pdl_reason(DEVICE)
+    if reason is None:
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=4, fused_merge=False, merge_pdl=True))
+        assert torch.equal(out, plain)
+    else:
+        with pytest.raises(ValueError, match="merge_pdl"):
+            _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=4, fused_merge=False, merge_pdl=True))
+    assert rel_rms(plain, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
+    # the rule: why not, by device and capability (the interpreter, a CPU, sm_80); sm_90 and sm_100 allow it
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "interpreter" in kdecode.merge_pdl_reason(torch.device("cuda"), capability=(9, 0))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "CUDA" in kdecode.merge_pdl_reason(torch.device("cpu"))
+    assert "sm_80" in kdecode.merge_pdl_reason(torch.device("cuda"), capability=(8, 0))
+    if kdecode.gdc_wait is not None:  # a Triton with grid dependency control
+        assert kdecode.merge_pdl_reason(torch.device("cuda"), capability=(9, 0)) is None
+        assert kdecode.merge_pdl_reason(torch.device("cuda"), capability=(10, 0)) is None
+    tune = kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                                  device=torch.device("cpu"))
+    assert not tune.merge_pdl
+    monkeypatch.setattr(kdecode, "merge_pdl_reason", lambda device, capability=None: None)
+    for batch in (1, 8, 200):
+        assert kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                                      device=torch.device("cpu")).merge_pdl == kdecode.MERGE_PDL
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("gluon", [False, True])
+def test_decode_merge_as_a_dependent_launch_equals_the_plain_merge_in_graphs(bits, gluon, nan_empty):
+    """Real sizes (8 KV heads, GQA 4, head_dim 128, a 9000-token request beside short ones), the Triton
+    stage 1 and the Gluon default's: the separate merge as a programmatic dependent launch
+    (``merge_pdl``) gives the plain merge launch's output bit for bit (which is within the
+    reference's bound), eagerly and from a CUDA graph replayed with new queries and lengths, and it
+    is what the launcher runs on sm_90."""
+    from oscar_sgl.kernels import gluon_decode
+
+    dev = torch.device("cuda")
+    reason = kdecode.merge_pdl_reason(dev) or (gluon_decode.gluon_available(dev) if gluon else None)
+    if reason is not None:
+        pytest.skip(reason)
+    p, h, g, d = 128, 8, 4, 128
+    cfg = OscarConfig(bits=bits, page_size=p)
+    lens = [9000, 300, 1]
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, device=dev, seed=21)
+    base = dict(num_splits=24, fused_merge=False)
+    if gluon:
+        base.update(gluon=True, gluon_variant=kdecode.GLUON_DEFAULT_VARIANT)
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    qs = [torch.randn(3, h * g, d, device="cuda", generator=gen).bfloat16() for _ in range(2)]
+    len_sets = [lens, [8990, 290, 1]]  # the second step: shorter, within the same pages
+    plain = []
+    for q, n in zip(qs, len_sets):
+        pool.seq_lens = torch.tensor(n, dtype=torch.int32, device="cuda")
+        plain.append(_decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=base))
+        out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=dict(base, merge_pdl=True))
+        assert torch.equal(out, plain[-1]) and not torch.isnan(out).any()
+    pool.seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    bound = default_decode_bound(bits) if gluon else ATTN_BOUND_FP32_OUT
+    assert rel_rms(plain[0], reference_decode(pool, qs[0], 1.0 / math.sqrt(d))) < bound
+    pool.seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q_s, out_s = qs[0].clone(), torch.empty(qs[0].shape, device="cuda")
+    ws = decode_workspace(3, h * g, h, d, 24, "cuda")
+    kw = dict(out=out_s, workspace=ws, tune=dict(base, merge_pdl=True))
+    _decode(pool, q_s, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _decode(pool, q_s, **kw)
+    for q, n, ref in zip(qs, len_sets, plain):
+        q_s.copy_(q)
+        pool.seq_lens.copy_(torch.tensor(n, dtype=torch.int32))
+        out_s.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_s, ref)
+    tune = kdecode._launch_tuning(3, h, d, p, group=g, bits=bits, k_group=32, v_group=32, key_page=False, device=dev)
+    assert tune.merge_pdl == kdecode.MERGE_PDL
+
+
 def test_balanced_split_count_fills_whole_waves():
     """``pick_num_splits(waves=None)`` (the default from 512 (request, KV head) pairs on): the split
     counts measured best on an H200 (132 SMs; benches/results/kernels_splits_8f465df/splits.md), the

@@ -43,6 +43,11 @@ from .common import (PagedLayer, attend_raw, channel_of, check_attention_inputs,
                      unspecialized, use_asm, write_token)
 from .write import oscar_rotate_q, oscar_write_kv
 
+try:  # Grid dependency control (sm_90+): the separate merge launch as a programmatic dependent of stage 1
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without it: the launcher never sets merge_pdl (``merge_pdl_reason``)
+    gdc_launch_dependents = gdc_wait = None
+
 
 @triton.jit
 def merge_partials(part_o_ptr, part_lse_ptr, base, m_rows, n_part, d0, ROWS: tl.constexpr, D: tl.constexpr, DB: tl.constexpr,
@@ -93,8 +98,12 @@ def _decode_stage1_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
-    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr,
+    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
+    # LAUNCH_DEPENDENTS: the merge launch after this one is a programmatic dependent launch
+    # (``_DecodeTuning.merge_pdl``): it may be scheduled at once, and waits for this whole launch.
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -277,11 +286,15 @@ def _decode_stage2_kernel(
     ROTATE: tl.constexpr = False,
     LOG2D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
+    PDL: tl.constexpr = False,
 ):
     # The unfused merge (``fused_merge`` off), grid (B, Hq, D / DB): one program per (request,
     # query head, DB channels), a weighted sum of partials that stage 1 already rotated back.
     # ROTATE (DB == D; the Gluon stage 1, whose partials stay in the rotated basis): the inverse
-    # rotation after the weighted sum.
+    # rotation after the weighted sum. PDL: launched as a programmatic dependent of stage 1
+    # (``merge_pdl``): griddepcontrol.wait returns once all of stage 1 has run and its stores are visible.
+    if PDL:
+        gdc_wait()
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
     d0 = tl.program_id(2) * DB
@@ -293,9 +306,13 @@ def _decode_stage2_kernel(
     tl.store(p_out, b_out.to(out_ptr.dtype.element_ty))
 
 
-def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, rotation: bool = False) -> None:
+def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, rotation: bool = False,
+                 pdl: bool = False) -> None:
     """The separate merge launch over stage 1's partials ``[B, Hq, n, D]``: rotated back already,
-    or in the rotated basis with ``rotation`` (the Gluon stage 1; one program per query head then)."""
+    or in the rotated basis with ``rotation`` (the Gluon stage 1; one program per query head then).
+    ``pdl``: a programmatic dependent launch of the stage 1 launched just before it, which must have
+    been launched with its dependents allowed (``_DecodeTuning.merge_pdl``; sm_90+, not in the
+    interpreter)."""
     b, hq, n_part, d = part_o.shape
     db = d if rotation else min(d, 32)
     rotate = rotation_arguments(d, True) if rotation else {}
@@ -312,6 +329,7 @@ def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
         CHUNK=min(64, triton.next_power_of_2(n_part)) if not rotation else min(64, max(1, 4096 // d), triton.next_power_of_2(n_part)),
         num_warps=2,
         **rotate,
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
 
 
@@ -422,6 +440,11 @@ class _DecodeTuning:
             starts while the write's launch runs, and only its open-page programs wait for that
             launch's stores (``griddepcontrol.wait``); not with ``split_rotation`` (every program
             reads the rotated queries).
+        merge_pdl: the separate merge launch (``fused_merge`` off, or a Gluon stage 1 with many splits)
+            as a programmatic dependent launch of the stage 1 (sm_90+, ``merge_pdl_reason``): every
+            stage-1 program lets it be scheduled at its start, and the merge waits
+            (``griddepcontrol.wait``) until the whole stage 1 has run and its partials are visible,
+            so only the launch's latency leaves the step. No effect where the merge is fused.
     """
 
     block_n: int
@@ -441,6 +464,29 @@ class _DecodeTuning:
     split_write: bool = False
     split_rotation: bool = False
     split_pdl: bool = False
+    merge_pdl: bool = False
+
+
+#: Whether the launcher runs a separate merge launch as a programmatic dependent of the stage 1
+#: (``_DecodeTuning.merge_pdl``) where ``merge_pdl_reason`` allows it (sm_90+, not the interpreter).
+MERGE_PDL = True
+
+
+def merge_pdl_reason(device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
+    """None when the separate merge launch can run as a programmatic dependent launch of the stage 1
+    on ``device`` (``_DecodeTuning.merge_pdl``), else why not. ``capability``: the device's (tests;
+    None: asked from ``device``)."""
+    if gdc_wait is None or gdc_launch_dependents is None:
+        return "this Triton has no grid dependency control (triton.language.extra.cuda.gdc_wait)"
+    if interpreting():
+        return "Triton's CPU interpreter runs launches one after another (no programmatic dependent launch)"
+    if capability is None:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return f"device {device}: programmatic dependent launch is a CUDA feature"
+        capability = torch.cuda.get_device_capability(device)
+    if capability[0] < 9:
+        return f"sm_{capability[0]}{capability[1]}: programmatic dependent launch needs sm_90 or newer"
+    return None
 
 
 def _default_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int) -> _DecodeTuning:
@@ -658,6 +704,8 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     ``GLUON_SPLIT_WRITE_PAIRS`` at ``GLUON_SPLIT_WRITE_BITS``, the write as a launch of its own
     before it (``split_write``, ``split_pdl``). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
+    if MERGE_PDL and merge_pdl_reason(device) is None:
+        tune = replace(tune, merge_pdl=True)
     block_n = gluon_block_n(tune.block_n, k_group, key_page)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=block_n,
@@ -810,6 +858,10 @@ def oscar_decode_attention(
         raise ValueError("the workspace must be sized for exactly num_splits + 1 partials (contiguous)")
     if counters.dtype != torch.int32 or counters.numel() < b * h or q_scratch.shape != q.shape or q_scratch.dtype != torch.float32:
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
+    if tune.merge_pdl:
+        reason = merge_pdl_reason(q.device)
+        if reason is not None:
+            raise ValueError(f"_DecodeTuning.merge_pdl: {reason}")
     if b == 0:
         return out
     if tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused:
@@ -841,9 +893,10 @@ def oscar_decode_attention(
                                          group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
                                          seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
                                          block_n=tune.block_n, block_t=tune.block_t, variant=tune.gluon_variant,
-                                         fused=fused, window_left=window, pdl=pdl)
+                                         fused=fused, window_left=window, pdl=pdl,
+                                         launch_dependents=tune.merge_pdl and not merge_in)
         if not merge_in:
-            merge_launch(part_o, part_lse, out)
+            merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl)
         return out
     if tune.gluon:  # three launches: write (+ query rotation), Gluon stage 1, merge (+ inverse rotation)
         if write:
@@ -857,8 +910,8 @@ def oscar_decode_attention(
         gluon_decode.gluon_stage1_launch(q_rot=q_rot, pool_args=named_pool_arguments(layer), group=group, kv_indptr=kv_indptr,
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
                                          part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
-                                         variant=tune.gluon_variant, window_left=window)
-        merge_launch(part_o, part_lse, out, rotation=layer.rotation)
+                                         variant=tune.gluon_variant, window_left=window, launch_dependents=tune.merge_pdl)
+        merge_launch(part_o, part_lse, out, rotation=layer.rotation, pdl=tune.merge_pdl)
         return out
     block_g = triton.next_power_of_2(group)
     cap = max(1, min(64, 4096 // (block_g * d)))  # ~4K fp32 of the group's partials per block load
@@ -886,9 +939,10 @@ def oscar_decode_attention(
         BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
         ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
+        LAUNCH_DEPENDENTS=tune.merge_pdl and not fused_merge,
         num_warps=tune.num_warps, num_stages=tune.num_stages,
         **options,
     )
     if not fused_merge:
-        merge_launch(part_o, part_lse, out)
+        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl)
     return out

@@ -1155,6 +1155,14 @@ if gl is not None:
                                   is_pure=False, pack=1)
 
     @gluon.jit
+    def _gdc_launch_dependents(x):
+        """``griddepcontrol.launch_dependents``: the programmatic dependent launch after this one (the
+        merge's, ``LAUNCH_DEPENDENTS``) may be scheduled; it still waits for this whole launch
+        before it reads (``x``: any scalar, the asm's operand)."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\nmov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
     def _l2_prefetch(ptrs):
         """``prefetch.global.L2`` of each lane's address (a pointer tensor, one element per lane): no
         result register, so nothing for ptxas to shorten by moving it toward a use."""
@@ -1770,7 +1778,10 @@ if gl is not None:
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
         EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0, L2PF: gl.constexpr = 0, PDL: gl.constexpr = False,
+        LAUNCH_DEPENDENTS: gl.constexpr = False,
     ):  # fmt: skip
+        if LAUNCH_DEPENDENTS:  # the merge launch after this one is its programmatic dependent (merge_pdl)
+            _gdc_launch_dependents(gl.program_id(0))
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
         n_split = gl.num_programs(2) - 1
@@ -2176,7 +2187,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
                         kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
                         part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int,
                         variant: str = DEFAULT_GLUON_VARIANT, fused: dict[str, object] | None = None,
-                        window_left: int | None = None, pdl: bool = False) -> None:
+                        window_left: int | None = None, pdl: bool = False, launch_dependents: bool = False) -> None:
     """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
     page): partials and log-sum-exps into ``part_o`` / ``part_lse``, in the rotated basis unless
     ``fused`` (then in the model's: the plain merge launch follows). The caller
@@ -2190,7 +2201,8 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     merges). ``window_left``: a sliding-window layer's window (``check_window``'s), or None.
     ``pdl``: launched as a programmatic dependent of the launch before it (the write's,
     ``_DecodeTuning.split_pdl``), whose stores only the open-page program reads, after
-    ``griddepcontrol.wait``."""
+    ``griddepcontrol.wait``. ``launch_dependents``: the merge launch that follows is a programmatic
+    dependent of this one (``_DecodeTuning.merge_pdl``): every program lets it be scheduled at its start."""
     var = gluon_variant(variant)
     block_n = var.block_n or block_n  # GluonVariant.block_n: the variant's own tile
     reason = gluon_available(q_rot.device)
@@ -2240,5 +2252,6 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         LOG2D=f.get("LOG2D", d.bit_length() - 1), INV_SQRT_D=f.get("INV_SQRT_D", d ** -0.5),
         KEY_MASK=bool(f.get("KEY_MASK", False)), BLOCK_HK=max(1, 1 << (h - 1).bit_length()),
         MERGE=out is not None, BLOCK_G=block_g, CHUNK=max(1, 2048 // (block_g * d)), PDL=pdl,
+        LAUNCH_DEPENDENTS=launch_dependents,
         num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}), **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
