@@ -495,8 +495,8 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
 
 def test_merge_pdl_runs_where_grid_dependency_control_does_and_is_refused_elsewhere(nan_empty, monkeypatch):
     """``_DecodeTuning.merge_pdl`` (the separate merge launch as a programmatic dependent of stage 1):
-    the launcher takes it on sm_90+ outside the interpreter (``merge_pdl_reason`` None), never on a CPU
-    or an older GPU; asked for where it cannot run, the launch is refused with a ValueError naming it
+    the launcher takes it on sm_90+ outside the interpreter (``merge_pdl_reason`` None) with the Gluon
+    stage 1, never with the Triton one, on a CPU or on an older GPU; asked for where it cannot run, the launch is refused with a ValueError naming it
     before any kernel runs; where it can, the output is the plain merge launch's, bit for bit."""
     cfg = OscarConfig(bits=2, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[6 * 32 + 3, 40], seed=31)
@@ -522,10 +522,15 @@ def test_merge_pdl_runs_where_grid_dependency_control_does_and_is_refused_elsewh
     tune = kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
                                   device=torch.device("cpu"))
     assert not tune.merge_pdl
+    # where it may run: with the Gluon stage 1 (as on an H100 / H200 at 2-128 requests), not the Triton one
     monkeypatch.setattr(kdecode, "merge_pdl_reason", lambda device, capability=None: None)
+    assert not kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                                      device=torch.device("cpu")).merge_pdl
+    monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
     for batch in (1, 8, 200):
-        assert kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
-                                      device=torch.device("cpu")).merge_pdl == kdecode.MERGE_PDL
+        t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                                   device=torch.device("cpu"))
+        assert t.gluon and t.merge_pdl == kdecode.MERGE_PDL
 
 
 @gpu
@@ -537,7 +542,7 @@ def test_decode_merge_as_a_dependent_launch_equals_the_plain_merge_in_graphs(bit
     stage 1 and the Gluon default's: the separate merge as a programmatic dependent launch
     (``merge_pdl``) gives the plain merge launch's output bit for bit (which is within the
     reference's bound), eagerly and from a CUDA graph replayed with new queries and lengths, and it
-    is what the launcher runs on sm_90."""
+    is what the launcher runs on sm_90 with the Gluon stage 1."""
     from oscar_sgl.kernels import gluon_decode
 
     dev = torch.device("cuda")
@@ -545,12 +550,14 @@ def test_decode_merge_as_a_dependent_launch_equals_the_plain_merge_in_graphs(bit
     if reason is not None:
         pytest.skip(reason)
     p, h, g, d = 128, 8, 4, 128
-    cfg = OscarConfig(bits=bits, page_size=p)
+    cfg = OscarConfig(bits=bits, page_size=p)  # INT2: the server's page-grid key ranges; INT4: the paper's groups
     lens = [9000, 300, 1]
     pool = build_pool(cfg, h=h, d=d, p=p, lens=lens, device=dev, seed=21)
     base = dict(num_splits=24, fused_merge=False)
     if gluon:
-        base.update(gluon=True, gluon_variant=kdecode.GLUON_DEFAULT_VARIANT)
+        page = cfg.key_ranges == "page"
+        base.update(gluon=True, gluon_variant=kdecode.GLUON_DEFAULT_PAGE_VARIANT if page else kdecode.GLUON_DEFAULT_VARIANT,
+                    block_n=kdecode.gluon_block_n(32, cfg.k_group, page))
     gen = torch.Generator(device="cuda").manual_seed(22)
     qs = [torch.randn(3, h * g, d, device="cuda", generator=gen).bfloat16() for _ in range(2)]
     len_sets = [lens, [8990, 290, 1]]  # the second step: shorter, within the same pages
@@ -561,7 +568,7 @@ def test_decode_merge_as_a_dependent_launch_equals_the_plain_merge_in_graphs(bit
         out = _decode(pool, q, out=torch.empty(q.shape, device="cuda"), tune=dict(base, merge_pdl=True))
         assert torch.equal(out, plain[-1]) and not torch.isnan(out).any()
     pool.seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    bound = default_decode_bound(bits) if gluon else ATTN_BOUND_FP32_OUT
+    bound = default_decode_bound(bits, cfg=cfg) if gluon else ATTN_BOUND_FP32_OUT
     assert rel_rms(plain[0], reference_decode(pool, qs[0], 1.0 / math.sqrt(d))) < bound
     pool.seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q_s, out_s = qs[0].clone(), torch.empty(qs[0].shape, device="cuda")
@@ -579,8 +586,9 @@ def test_decode_merge_as_a_dependent_launch_equals_the_plain_merge_in_graphs(bit
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out_s, ref)
-    tune = kdecode._launch_tuning(3, h, d, p, group=g, bits=bits, k_group=32, v_group=32, key_page=False, device=dev)
-    assert tune.merge_pdl == kdecode.MERGE_PDL
+    tune = kdecode._launch_tuning(3, h, d, p, group=g, bits=bits, k_group=cfg.k_group, v_group=cfg.v_group,
+                                  key_page=cfg.key_ranges == "page", device=dev)
+    assert tune.merge_pdl == (kdecode.MERGE_PDL and tune.gluon)
 
 
 def test_balanced_split_count_fills_whole_waves():

@@ -98,11 +98,12 @@ def _decode_stage1_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
-    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False,
+    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = 0,
 ):
     # LAUNCH_DEPENDENTS: the merge launch after this one is a programmatic dependent launch
-    # (``_DecodeTuning.merge_pdl``): it may be scheduled at once, and waits for this whole launch.
-    if LAUNCH_DEPENDENTS:
+    # (``_DecodeTuning.merge_pdl``), which waits for this whole launch before it reads: every program
+    # lets it be scheduled at its start (1) or after its partial's stores (2, ``merge_pdl_late``).
+    if LAUNCH_DEPENDENTS == 1:
         gdc_launch_dependents()
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -254,6 +255,8 @@ def _decode_stage1_kernel(
             b_o = fwht_rows(b_o, BLOCK_H, D, LOG2D) * INV_SQRT_D
         tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
     tl.store(part_lse_ptr + o_part, b_lse, mask=m_r)
+    if LAUNCH_DEPENDENTS == 2:
+        gdc_launch_dependents()
     if MERGE:
         # The merge, fused: the last of the n_split + 1 programs of (b, h) to finish merges all
         # partials (a release/acquire counter; the barrier makes every thread's partial stores part
@@ -444,7 +447,12 @@ class _DecodeTuning:
             as a programmatic dependent launch of the stage 1 (sm_90+, ``merge_pdl_reason``): every
             stage-1 program lets it be scheduled at its start, and the merge waits
             (``griddepcontrol.wait``) until the whole stage 1 has run and its partials are visible,
-            so only the launch's latency leaves the step. No effect where the merge is fused.
+            so only the launch's latency leaves the step. No effect where the merge is fused. The
+            launcher's default with the Gluon stage 1 on sm_90+ (``MERGE_PDL``), not with the
+            Triton one (single requests: measured slower).
+        merge_pdl_late: with ``merge_pdl`` and the Triton stage 1, its programs let the merge be
+            scheduled after their partial's stores instead of at their start (the Gluon stage 1's
+            programs always at their start).
     """
 
     block_n: int
@@ -465,10 +473,14 @@ class _DecodeTuning:
     split_rotation: bool = False
     split_pdl: bool = False
     merge_pdl: bool = False
+    merge_pdl_late: bool = False
 
 
-#: Whether the launcher runs a separate merge launch as a programmatic dependent of the stage 1
+#: Whether the launcher runs a separate merge launch as a programmatic dependent of a Gluon stage 1
 #: (``_DecodeTuning.merge_pdl``) where ``merge_pdl_reason`` allows it (sm_90+, not the interpreter).
+#: H100, session 36, whole steps side by side (benches/results/kernels_gluon_s36/): the Gluon default
+#: at 4-16 requests (a separate merge: 16-65 splits) 0.6-0.9 % less time; the Triton stage 1 of single
+#: requests (128 splits) 3.5-13.5 % MORE time, so single requests keep the plain merge launch.
 MERGE_PDL = True
 
 
@@ -704,14 +716,13 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     ``GLUON_SPLIT_WRITE_PAIRS`` at ``GLUON_SPLIT_WRITE_BITS``, the write as a launch of its own
     before it (``split_write``, ``split_pdl``). ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
-    if MERGE_PDL and merge_pdl_reason(device) is None:
-        tune = replace(tune, merge_pdl=True)
     block_n = gluon_block_n(tune.block_n, k_group, key_page)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
                             k_group=k_group, v_group=v_group, key_page=key_page, block_n=block_n,
                             device=device) is None:
         lo, hi = GLUON_SPLIT_WRITE_PAIRS
         split = bits in GLUON_SPLIT_WRITE_BITS and lo <= batch * num_kv_heads <= hi
+        tune = replace(tune, merge_pdl=MERGE_PDL and merge_pdl_reason(device) is None)
         if gluon_share_rule(batch, num_kv_heads, waves=tune.waves, resident=GLUON_RESIDENT):
             variant = GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else GLUON_DEFAULT_SHARE_VARIANT
             return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n, fit=True,
@@ -939,7 +950,7 @@ def oscar_decode_attention(
         BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
         ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
-        LAUNCH_DEPENDENTS=tune.merge_pdl and not fused_merge,
+        LAUNCH_DEPENDENTS=(2 if tune.merge_pdl_late else 1) if tune.merge_pdl and not fused_merge else 0,
         num_warps=tune.num_warps, num_stages=tune.num_stages,
         **options,
     )

@@ -129,7 +129,7 @@ class OscarSetup:
         self.k_group, self.v_group, self.key_page = k_group, v_group, key_page
         self.cfg = OscarConfig(bits=bits, page_size=P, k_group=k_group, v_group=v_group,
                                key_ranges="page" if key_page else "group")
-        pages_req = ctx // P
+        pages_req = -(-ctx // P)  # the last page holds ctx - (pages_req - 1) * P tokens (open, in staging)
         npages = copies * batch * pages_req + 1
         nbytes = D * bits // 8
         self.k_codes = torch.randint(0, 256, (npages, H, P, nbytes), dtype=torch.uint8, device=DEV, generator=g)
@@ -179,10 +179,10 @@ class OscarSetup:
 
     def kv_bytes(self) -> int:
         """HBM bytes of one call's KV: sealed pages (codes + params + s_t) and the open BF16 page."""
-        sealed = self.batch * (self.ctx // P - 1)
+        sealed = self.batch * (-(-self.ctx // P) - 1)
         k_params = 2 * D * 2 + (P // self.k_group) * 2 * D if self.key_page else (P // self.k_group) * 2 * D * 2
         per_page = H * (2 * P * D * self.bits // 8 + k_params + P * 2 * (D // self.v_group) * 2) + P * 4
-        tail = self.batch * H * P * D * 2 * 2
+        tail = self.batch * H * (self.ctx - (-(-self.ctx // P) - 1) * P) * D * 2 * 2
         return sealed * per_page + tail
 
     def call(self, copy: int, *, tuning, ws, mode: str = "fused"):
