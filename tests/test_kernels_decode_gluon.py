@@ -962,7 +962,7 @@ def test_the_gluon_default_shares_the_sealed_tiles_where_its_last_wave_would_be_
     gluon_decode.check_gluon_key_groups(kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT, block_n=32, k_group=16)
     monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=132, major=9, minor=0))
     slots = 132 * kdecode.GLUON_RESIDENT
     unshared = (3, 4, 8, 12, 14, 16, 18, 22, 24, 25, 30)  # last wave empty, or <= 5 % of the slots
     shared = (2, 20, 32, 40, 48, 56, 64, 72, 96, 100, 128)

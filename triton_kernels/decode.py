@@ -98,12 +98,11 @@ def _decode_stage1_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
-    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = 0,
+    TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     # LAUNCH_DEPENDENTS: the merge launch after this one is a programmatic dependent launch
-    # (``_DecodeTuning.merge_pdl``), which waits for this whole launch before it reads: every program
-    # lets it be scheduled at its start (1) or after its partial's stores (2, ``merge_pdl_late``).
-    if LAUNCH_DEPENDENTS == 1:
+    # (``_DecodeTuning.merge_pdl``): it may be scheduled at once, and waits for this whole launch.
+    if LAUNCH_DEPENDENTS:
         gdc_launch_dependents()
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
@@ -255,8 +254,6 @@ def _decode_stage1_kernel(
             b_o = fwht_rows(b_o, BLOCK_H, D, LOG2D) * INV_SQRT_D
         tl.store(part_o_ptr + o_part[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
     tl.store(part_lse_ptr + o_part, b_lse, mask=m_r)
-    if LAUNCH_DEPENDENTS == 2:
-        gdc_launch_dependents()
     if MERGE:
         # The merge, fused: the last of the n_split + 1 programs of (b, h) to finish merges all
         # partials (a release/acquire counter; the barrier makes every thread's partial stores part
@@ -450,9 +447,6 @@ class _DecodeTuning:
             so only the launch's latency leaves the step. No effect where the merge is fused. The
             launcher's default with the Gluon stage 1 on sm_90+ (``MERGE_PDL``), not with the
             Triton one (single requests: measured slower).
-        merge_pdl_late: with ``merge_pdl`` and the Triton stage 1, its programs let the merge be
-            scheduled after their partial's stores instead of at their start (the Gluon stage 1's
-            programs always at their start).
     """
 
     block_n: int
@@ -473,14 +467,16 @@ class _DecodeTuning:
     split_rotation: bool = False
     split_pdl: bool = False
     merge_pdl: bool = False
-    merge_pdl_late: bool = False
 
 
 #: Whether the launcher runs a separate merge launch as a programmatic dependent of a Gluon stage 1
 #: (``_DecodeTuning.merge_pdl``) where ``merge_pdl_reason`` allows it (sm_90+, not the interpreter).
 #: H100, session 36, whole steps side by side (benches/results/kernels_gluon_s36/): the Gluon default
-#: at 4-16 requests (a separate merge: 16-65 splits) 0.6-0.9 % less time; the Triton stage 1 of single
-#: requests (128 splits) 3.5-13.5 % MORE time, so single requests keep the plain merge launch.
+#: where its merge is a launch of its own (2-16 requests at 8 KV heads: 16-128 splits) INT2 0.2-1.4 %
+#: less time (both formats), INT4 within -0.1 / +0.3 %; the Triton stage 1 of single requests (128
+#: splits, one wave, so the merge's programs are resident from the start) 3.5-13.5 % MORE time (and
+#: with the trigger after each program's stores instead, within -0.2 / +1.0 %): single requests keep
+#: the plain merge launch.
 MERGE_PDL = True
 
 
@@ -950,7 +946,7 @@ def oscar_decode_attention(
         BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
         ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
-        LAUNCH_DEPENDENTS=(2 if tune.merge_pdl_late else 1) if tune.merge_pdl and not fused_merge else 0,
+        LAUNCH_DEPENDENTS=tune.merge_pdl and not fused_merge,
         num_warps=tune.num_warps, num_stages=tune.num_stages,
         **options,
     )

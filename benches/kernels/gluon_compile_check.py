@@ -108,7 +108,7 @@ def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: in
     const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
                  INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True, WINDOW=False, KEY_PAGE=False,
-                 KEY_MASK=False, LAUNCH_DEPENDENTS=int(launch_dependents))
+                 KEY_MASK=False, LAUNCH_DEPENDENTS=launch_dependents)
     sig = {**ptrs, **ints, "sm_scale_log2": "fp32", "window_left": "i32", **{k: "constexpr" for k in const}}
     sig = {k: sig[k] for k in dec._decode_stage1_kernel.arg_names}
     attrs = {path: [["tt.divisibility", 16]] for i, v in enumerate(sig.values())

@@ -21,7 +21,8 @@ timeout 50 python3 benches/kernels/step_kernels.py --shapes 1x1921,1x2048,1x8065
   --out "$OUT/step_kernels_single.json" > "$OUT/step_kernels_single.log" 2>&1
 echo "step_kernels rc $?"; grep -E "KERNELS|SPAN|Error" "$OUT/step_kernels_single.log" | cut -c1-160
 # single requests (the Triton stage 1, 128 splits): the merge's trigger after each program's partial
-# stores (merge_pdl_late) instead of at its start, against the plain merge launch
+# stores (merge_pdl_late) instead of at its start, against the plain merge launch. merge_pdl_late was
+# removed after this measurement (no gain); this A/B runs on commit b778035, where it exists.
 timeout ${AB1_TIMEOUT:-90} python3 benches/kernels/tuning_ab.py --a merge_pdl=False --b merge_pdl=True,merge_pdl_late=True \
   --formats group --bits 2 --repeats 3 --shapes 1x2048,1x32768,1x131072 --out "$OUT/ab_single_late" > "$OUT/ab_single_late.log" 2>&1
 echo "tuning_ab single late rc $?"; cat "$OUT/ab_single_late/ab.md" 2>/dev/null || grep -E "RESULT|Error" "$OUT/ab_single_late.log" | tail -10
