@@ -591,6 +591,58 @@ def test_decode_merge_as_a_dependent_launch_equals_the_plain_merge_in_graphs(bit
     assert tune.merge_pdl == (kdecode.MERGE_PDL and tune.gluon)
 
 
+@pytest.mark.parametrize("bits,transposed", [(2, True), (4, False)])
+def test_decode_spread_open_page_over_short_sealed_programs(bits, transposed, nan_empty):
+    """``spread_open``: where every sealed program holds at most that many sealed tiles and the last
+    page is open, the last sealed programs read the open page's tiles before the new token's and
+    the open-page program the last one. Requests of 3 sealed pages + 50 open tokens (three 16-token
+    tiles before the last), 1 + 17 (one), 5 tokens (none), and a sealed last page (no spread); at 4
+    splits the first two hold 2 and 1 sealed tiles per program: spread at ``spread_open=2``, only the
+    second at 1; the output agrees with the plain launch and the reference, with the write fused
+    (the new tokens' tile stays with the program that writes it) and with a window (never spread)."""
+    cfg = OscarConfig(bits=bits, page_size=64)
+    lens = [64 * 3 + 50, 64 + 17, 5, 128]
+    pool = build_pool(cfg, h=2, d=64, p=64, lens=lens, last_sealed={3}, seed=41)
+    q = torch.randn(4, 8, 64).bfloat16().to(DEVICE)
+    base = dict(num_splits=4, block_t=16, transposed=transposed, fused_merge=False)
+    plain = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=base)
+    ref = reference_decode(pool, q, 1.0 / 8)
+    assert rel_rms(plain, ref) < ATTN_BOUND_FP32_OUT
+    for spread in (1, 2):
+        out = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(base, spread_open=spread))
+        # the open tiles' probabilities are rounded to bf16 against another program's running max:
+        # agreement at the bf16 level (as other split counts), far below the reference bound
+        assert rel_rms(out, plain) < 1e-3, spread
+        assert rel_rms(out, ref) < ATTN_BOUND_FP32_OUT, spread
+        # requests that do not spread (5 tokens; a sealed last page) take the plain launch's path
+        assert torch.equal(out[2:], plain[2:]), spread
+        if spread == 1:  # request 0 holds 2 sealed tiles per program: not spread at 1
+            assert torch.equal(out[0], plain[0])
+        else:  # spread: its open tiles were read by other programs (other roundings)
+            assert not torch.equal(out[0], plain[0])
+        assert not torch.equal(out[1], plain[1]), spread
+    # the write fused: the new token (the last tile's) is staged by the open-page program, which alone
+    # reads that tile; same staged bytes, same output as the plain launch at the bf16 level
+    wpool = build_pool(cfg, h=2, d=64, p=64, lens=[n - 1 for n in lens[:2]], seed=42)
+    wpool.seq_lens = torch.tensor(lens[:2], dtype=torch.int32, device=DEVICE)
+    last = [int(wpool.kv_page_indices[int(wpool.kv_indptr[b + 1]) - 1]) for b in range(2)]
+    loc = torch.tensor([pg * 64 + (n - 1) % 64 for pg, n in zip(last, lens[:2])], device=DEVICE)
+    gen = torch.Generator().manual_seed(43)
+    k_new, v_new = (torch.randn(2, 2, 64, generator=gen).bfloat16().to(DEVICE) for _ in range(2))
+    qw = q[:2].contiguous()
+    kw = dict(new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=wpool.staging_scale)
+    w_plain = _decode(wpool, qw, out=torch.empty(qw.shape, device=DEVICE), tune=base, **kw)
+    staged = wpool.layer.staging_k.clone()
+    w_spread = _decode(wpool, qw, out=torch.empty(qw.shape, device=DEVICE), tune=dict(base, spread_open=2), **kw)
+    assert torch.equal(wpool.layer.staging_k.view(torch.int16), staged.view(torch.int16))
+    assert rel_rms(w_spread, w_plain) < 1e-3 and not torch.equal(w_spread, w_plain)
+    # windowed: spread_open is not applied (the launcher passes 0), same output as the plain launch
+    win = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(base, spread_open=2), window_left=70)
+    assert torch.equal(win, _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=base, window_left=70))
+    with pytest.raises(ValueError, match="spread_open"):
+        _decode(pool, q, tune=dict(base, spread_open=-1))
+
+
 def test_balanced_split_count_fills_whole_waves():
     """``pick_num_splits(waves=None)`` (the default from 512 (request, KV head) pairs on): the split
     counts measured best on an H200 (132 SMs; benches/results/kernels_splits_8f465df/splits.md), the

@@ -99,6 +99,7 @@ def _decode_stage1_kernel(
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
     TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False,
+    SPREAD: tl.constexpr = 0,
 ):
     # LAUNCH_DEPENDENTS: the merge launch after this one is a programmatic dependent launch
     # (``_DecodeTuning.merge_pdl``): it may be scheduled at once, and waits for this whole launch.
@@ -152,6 +153,18 @@ def _decode_stage1_kernel(
         lo = tl.maximum(seq_len - 1 - window_left, 0)
     else:
         lo = 0
+    # SPREAD (``_DecodeTuning.spread_open``; no window): where the sealed programs hold at most SPREAD
+    # sealed tiles each and the request's last page is open, its BF16 tiles before the new token's
+    # (the last) are taken by the last sealed programs, one each, and the open-page program reads the
+    # last tile only: a short request's step is then not the open-page program's tile after tile.
+    # Every program decides alike from the request's length (one CUDA graph serves every length).
+    n_spread = 0
+    if SPREAD > 0:
+        tl.static_assert(not WINDOW, "SPREAD: not with a sliding window")
+        stg_l = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64))
+        n_before = (seq_len - (n_pages - 1) * P - 1) // BLOCK_T  # open tiles before the new token's
+        per_l = tl.cdiv((n_pages - 1) * TPP, n_split)
+        n_spread = tl.where((stg_l >= 0) & (per_l <= SPREAD) & (n_before <= n_split), n_before, 0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -201,6 +214,13 @@ def _decode_stage1_kernel(
                     pool, sm_scale_log2,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, USE_ASM, False, None, kv_ok, KEY_PAGE,
                 )  # fmt: skip
+        if SPREAD > 0:
+            if i_s >= n_split - n_spread:  # open tile n_split - 1 - i_s of the last page (SPREAD)
+                b_qs = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
+                m_i, l_i, acc = staging_tile(
+                    b_qs, stg_l.to(tl.int64), i_h, (n_split - 1 - i_s) * BLOCK_T, seq_len - (n_pages - 1) * P, m_i, l_i, acc,
+                    pool, sm_scale_log2, H, D, P, BLOCK_T, not INTERPRET, TRANS, None, None,
+                )  # fmt: skip
     else:
         page = tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64)
         stg = tl.load(pool[7] + page).to(tl.int64)
@@ -209,7 +229,7 @@ def _decode_stage1_kernel(
             n_valid = seq_len - (n_pages - 1) * P
             b_qb = to_bf16_rne(load_queries(qrot_ptr, o_q, m_r, o_d, TRANS))
             kv_lo = None
-            t_start = 0
+            t_start = n_spread * BLOCK_T  # SPREAD: the earlier tiles are the sealed programs'
             if WINDOW:
                 kv_lo = t_min
                 t_start = t_min // BLOCK_T * BLOCK_T
@@ -447,6 +467,13 @@ class _DecodeTuning:
             so only the launch's latency leaves the step. No effect where the merge is fused. The
             launcher's default with the Gluon stage 1 on sm_90+ (``MERGE_PDL``), not with the
             Triton one (single requests: measured slower).
+        spread_open: the Triton stage 1 only, no sliding window: where every sealed program holds at
+            most this many sealed tiles (short contexts) and the request's last page is open, the
+            open page's BF16 tiles before the new token's are read by the last sealed programs, one
+            tile each, and the open-page program reads the new token's tile only (decided on the
+            device per request, so one CUDA graph serves every length); 0: off. A single request's
+            step at 2K-8K tokens waits for the open-page program's tiles one after another (session
+            36, ``step_kernels.py``). Not timed yet: opt-in.
     """
 
     block_n: int
@@ -467,6 +494,7 @@ class _DecodeTuning:
     split_rotation: bool = False
     split_pdl: bool = False
     merge_pdl: bool = False
+    spread_open: int = 0
 
 
 #: Whether the launcher runs a separate merge launch as a programmatic dependent of a Gluon stage 1
@@ -865,6 +893,8 @@ def oscar_decode_attention(
         raise ValueError("the workspace must be sized for exactly num_splits + 1 partials (contiguous)")
     if counters.dtype != torch.int32 or counters.numel() < b * h or q_scratch.shape != q.shape or q_scratch.dtype != torch.float32:
         raise ValueError("workspace counters / query scratch do not match this launch (use decode_workspace)")
+    if not isinstance(tune.spread_open, int) or not 0 <= tune.spread_open <= 1024:
+        raise ValueError(f"_DecodeTuning.spread_open must be an int in [0, 1024], got {tune.spread_open!r}")
     if tune.merge_pdl:
         reason = merge_pdl_reason(q.device)
         if reason is not None:
@@ -946,7 +976,7 @@ def oscar_decode_attention(
         BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
         BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
         ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
-        LAUNCH_DEPENDENTS=tune.merge_pdl and not fused_merge,
+        LAUNCH_DEPENDENTS=tune.merge_pdl and not fused_merge, SPREAD=tune.spread_open if window is None else 0,
         num_warps=tune.num_warps, num_stages=tune.num_stages,
         **options,
     )

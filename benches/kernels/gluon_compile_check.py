@@ -91,10 +91,11 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
 
 
 def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: int = 128, h: int = 8, p: int = 128,
-                          launch_dependents: bool = False):
+                          launch_dependents: bool = False, spread: int = 0):
     """Today's Triton stage 1 (``decode._decode_stage1_kernel``) in its default form (transposed,
     one warp, fused write and query rotation, separate merge) compiled the same way, for comparison;
-    ``launch_dependents``: with the separate merge a programmatic dependent launch (``merge_pdl``)."""
+    ``launch_dependents``: with the separate merge a programmatic dependent launch (``merge_pdl``);
+    ``spread``: the open page's tiles over short sealed programs (``spread_open``)."""
     from triton.compiler import ASTSource
 
     from oscar_sgl.kernels import decode as dec
@@ -108,7 +109,7 @@ def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: in
     const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
                  INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True, WINDOW=False, KEY_PAGE=False,
-                 KEY_MASK=False, LAUNCH_DEPENDENTS=launch_dependents)
+                 KEY_MASK=False, LAUNCH_DEPENDENTS=launch_dependents, SPREAD=spread)
     sig = {**ptrs, **ints, "sm_scale_log2": "fp32", "window_left": "i32", **{k: "constexpr" for k in const}}
     sig = {k: sig[k] for k in dec._decode_stage1_kernel.arg_names}
     attrs = {path: [["tt.divisibility", 16]] for i, v in enumerate(sig.values())
