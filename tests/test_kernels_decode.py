@@ -641,6 +641,18 @@ def test_decode_spread_open_page_over_short_sealed_programs(bits, transposed, na
     assert torch.equal(win, _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=base, window_left=70))
     with pytest.raises(ValueError, match="spread_open"):
         _decode(pool, q, tune=dict(base, spread_open=-1))
+    # the launcher's rule: the Triton stage 1 below the Gluon default's pairs (single requests at 8 KV
+    # heads) spreads (SPREAD_OPEN, measured in session 37); from 16 pairs on it does not, whichever
+    # stage 1 runs there
+    fmt = dict(group=4, bits=bits, k_group=cfg.k_group, v_group=cfg.v_group, key_page=cfg.key_ranges == "page",
+               device=torch.device("cpu"))
+    assert kdecode.SPREAD_OPEN > 0
+    for batch, heads, want in ((1, 8, kdecode.SPREAD_OPEN), (5, 3, kdecode.SPREAD_OPEN), (2, 8, 0), (64, 8, 0)):
+        tune = kdecode._launch_tuning(batch, heads, 128, 128, **fmt)
+        assert not tune.gluon and tune.spread_open == want, (batch, heads)
+    # and the default launch of these 4 requests x 2 KV heads takes it: within the reference bound
+    default = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE))
+    assert rel_rms(default, ref) < ATTN_BOUND_FP32_OUT
 
 
 def test_balanced_split_count_fills_whole_waves():

@@ -161,10 +161,14 @@ def _decode_stage1_kernel(
     n_spread = 0
     if SPREAD > 0:
         tl.static_assert(not WINDOW, "SPREAD: not with a sliding window")
-        stg_l = tl.load(pool[7] + tl.load(page_idx_ptr + kv_start + n_pages - 1).to(tl.int64))
         n_before = (seq_len - (n_pages - 1) * P - 1) // BLOCK_T  # open tiles before the new token's
         per_l = tl.cdiv((n_pages - 1) * TPP, n_split)
-        n_spread = tl.where((stg_l >= 0) & (per_l <= SPREAD) & (n_before <= n_split), n_before, 0)
+        short = (per_l <= SPREAD) & (n_before <= n_split)
+        # The last page's staging slot, read only where the request is short: a long request's
+        # programs start their sealed tiles without these two dependent loads.
+        last = tl.load(page_idx_ptr + kv_start + n_pages - 1, mask=short, other=0).to(tl.int64)
+        stg_l = tl.load(pool[7] + last, mask=short, other=-1)
+        n_spread = tl.where(short & (stg_l >= 0), n_before, 0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -473,7 +477,8 @@ class _DecodeTuning:
             tile each, and the open-page program reads the new token's tile only (decided on the
             device per request, so one CUDA graph serves every length); 0: off. A single request's
             step at 2K-8K tokens waits for the open-page program's tiles one after another (session
-            36, ``step_kernels.py``). Not timed yet: opt-in.
+            36, ``step_kernels.py``). The launcher's default (``SPREAD_OPEN``) below the Gluon
+            default's pairs (single requests at 8 KV heads), measured in session 37.
     """
 
     block_n: int
@@ -506,6 +511,17 @@ class _DecodeTuning:
 #: with the trigger after each program's stores instead, within -0.2 / +1.0 %): single requests keep
 #: the plain merge launch.
 MERGE_PDL = True
+
+
+#: The Triton stage 1's ``_DecodeTuning.spread_open`` where the launcher runs it for fewer (request, KV
+#: head) pairs than the Gluon default's least (``GLUON_DEFAULT_PAIRS``: single requests at 8 KV heads,
+#: many splits, so short requests leave short sealed programs). H100, session 37, whole steps side by
+#: side with 0, medians of 5 (benches/results/kernels_gluon_s37/): paper format INT2 / INT4 0.763 / 0.747
+#: of the time at 2048 tokens, 0.845 / 0.893 at 8192, 0.993-1.004 at 32768-131072; the server's INT2
+#: format (page-grid key ranges) 0.770 at 2048, 0.857 at 8192, 1.014 / 1.017 at 32768 / 131072 (the
+#: kernel's code for it costs ~1.5 % there though it is not taken). 1 and 4 time as 2 up to 32768
+#: tokens but for 1 at 8192 (not taken there).
+SPREAD_OPEN = 2
 
 
 def merge_pdl_reason(device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
@@ -738,7 +754,9 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     (``gluon_share_rule``), the open-share variant (``GLUON_DEFAULT_SHARE_VARIANT``,
     ``GLUON_DEFAULT_PAGE_SHARE_VARIANT``) at the one-wave split count (``fit``); from
     ``GLUON_SPLIT_WRITE_PAIRS`` at ``GLUON_SPLIT_WRITE_BITS``, the write as a launch of its own
-    before it (``split_write``, ``split_pdl``). ``decode_num_splits(..., layer=...)`` gives its split count."""
+    before it (``split_write``, ``split_pdl``). Where the Triton stage 1 runs for fewer pairs than the
+    Gluon default's least, the open page's tiles go to short sealed programs (``SPREAD_OPEN``).
+    ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
     block_n = gluon_block_n(tune.block_n, k_group, key_page)
     if gluon_default_reason(batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits,
@@ -754,6 +772,8 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
         variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
         return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n,
                        split_write=split, split_pdl=split)
+    if batch * num_kv_heads < GLUON_DEFAULT_PAIRS[0]:
+        tune = replace(tune, spread_open=SPREAD_OPEN)
     return tune
 
 
