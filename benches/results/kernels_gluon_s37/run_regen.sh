@@ -7,9 +7,7 @@
 set -u
 t0=$SECONDS
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$name"
-[ -d /tmp/site/sglang ] || { bash benches/serving/run_gpu.sh setup > "$OUT/setup.log" 2>&1; tail -1 "$OUT/setup.log"; }
-export PYTHONPATH=/tmp/site:$PWD/python
-cp triton_kernels/*.py "$(python3 -c 'import oscar_sgl.kernels as k, os; print(os.path.dirname(k.__file__))')"/
+source benches/results/kernels_gluon_s37/prelude.sh
 OSCAR_COMMIT=${OSCAR_COMMIT:-unknown} OSCAR_DIRTY=0 REPORT_DIR=$OUT/regen NCU_PROFILE=${NCU_PROFILE:-1} \
   timeout $((585 - (SECONDS - t0))) bash benches/kernels/regenerate.sh > "$OUT/regen.log" 2>&1
 echo "regen rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/regen.log"

@@ -5,10 +5,8 @@
 # with 0 (paper format INT2 / INT4, the server's INT2 format), then the step kernel by kernel with 2.
 set -u
 t0=$SECONDS; left() { echo $((560 - (SECONDS - t0))); }
-[ -d /tmp/site/sglang ] || { bash benches/serving/run_gpu.sh setup > "$OUT/setup.log" 2>&1; tail -1 "$OUT/setup.log"; }
-export PYTHONPATH=/tmp/site:$PWD/python
-cp triton_kernels/*.py "$(python3 -c 'import oscar_sgl.kernels as k, os; print(os.path.dirname(k.__file__))')"/
-nvidia-smi --query-gpu=name --format=csv,noheader; echo "setup done at $((SECONDS - t0)) s"
+source benches/results/kernels_gluon_s37/prelude.sh
+echo "setup done at $((SECONDS - t0)) s"
 [ -n "${SKIP_TESTS:-}" ] || OMP_NUM_THREADS=1 timeout 120 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 8 -q --timeout=110 -rfE \
   tests/test_kernels_decode.py -k "spread_open or real_sizes or graph" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc $? at $((SECONDS - t0)) s"; tail -3 "$OUT/gpu_tests.log"

@@ -4,10 +4,7 @@
 # request no longer wait on two dependent loads at their start), and its GPU tests.
 set -u
 t0=$SECONDS
-[ -d /tmp/site/sglang ] || { bash benches/serving/run_gpu.sh setup > "$OUT/setup.log" 2>&1; tail -1 "$OUT/setup.log"; }
-export PYTHONPATH=/tmp/site:$PWD/python
-cp triton_kernels/*.py "$(python3 -c 'import oscar_sgl.kernels as k, os; print(os.path.dirname(k.__file__))')"/
-nvidia-smi --query-gpu=name --format=csv,noheader
+source benches/results/kernels_gluon_s37/prelude.sh
 for f in group page; do
   bits=2,4; [ $f = page ] && bits=2
   timeout 120 python3 benches/kernels/tuning_ab.py --agree 2e-3 --a spread_open=0 --b spread_open=2 --formats $f --bits $bits \

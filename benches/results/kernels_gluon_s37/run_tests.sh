@@ -4,10 +4,7 @@
 # time is left.
 set -u
 t0=$SECONDS
-[ -d /tmp/site/sglang ] || { bash benches/serving/run_gpu.sh setup > "$OUT/setup.log" 2>&1; tail -1 "$OUT/setup.log"; }
-export PYTHONPATH=/tmp/site:$PWD/python
-cp triton_kernels/*.py "$(python3 -c 'import oscar_sgl.kernels as k, os; print(os.path.dirname(k.__file__))')"/
-nvidia-smi --query-gpu=name --format=csv,noheader
+source benches/results/kernels_gluon_s37/prelude.sh
 OMP_NUM_THREADS=1 timeout $((440 - (SECONDS - t0))) python3 -m pytest -p no:cacheprovider -p no:benchmark -n 12 -q --timeout=300 -rfE \
   tests/test_kernels_decode.py tests/test_kernels_decode_gluon.py tests/test_kernels_write.py > "$OUT/gpu_tests.log" 2>&1
 echo "decode/gluon/write rc $? at $((SECONDS - t0)) s"; tail -6 "$OUT/gpu_tests.log"

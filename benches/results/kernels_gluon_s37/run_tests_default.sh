@@ -4,10 +4,7 @@
 # kernel path on CUDA (real SGLang pool, allocator and backend; eager steps against CUDA-graph replays).
 set -u
 t0=$SECONDS
-[ -d /tmp/site/sglang ] || { bash benches/serving/run_gpu.sh setup > "$OUT/setup.log" 2>&1; tail -1 "$OUT/setup.log"; }
-export PYTHONPATH=/tmp/site:$PWD/python
-cp triton_kernels/*.py "$(python3 -c 'import oscar_sgl.kernels as k, os; print(os.path.dirname(k.__file__))')"/
-nvidia-smi --query-gpu=name --format=csv,noheader
+source benches/results/kernels_gluon_s37/prelude.sh
 OMP_NUM_THREADS=1 timeout 150 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 12 -q --timeout=140 -rfE \
   tests/test_kernels_decode.py tests/test_sglang_kernel_path.py -k "not cpu" > "$OUT/gpu_tests_default.log" 2>&1
 echo "pytest rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/gpu_tests_default.log"
