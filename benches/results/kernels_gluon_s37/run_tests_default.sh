@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Session 37, call E (repo root, carry [".bundle", "dist", ".peers"]): with spread_open the launcher's
-# default for single requests (SPREAD_OPEN), the Triton decode GPU test file whole and the backend's
-# kernel path on CUDA (real SGLang pool, allocator and backend; eager steps against CUDA-graph replays).
+# Session 37, call E, NOT run (no device time was left; for the next session) (repo root, carry [".bundle", "dist", ".peers"]): with spread_open the launcher's
+# default for single requests (SPREAD_OPEN), the Triton decode GPU tests at real sizes, of CUDA graphs and of
+# spread_open, and the backend's kernel path's CUDA-graph tests on CUDA (real SGLang pool, allocator and backend; eager steps against CUDA-graph replays).
 set -u
 t0=$SECONDS
 source benches/results/kernels_gluon_s37/prelude.sh
-OMP_NUM_THREADS=1 timeout 150 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 12 -q --timeout=140 -rfE \
-  tests/test_kernels_decode.py tests/test_sglang_kernel_path.py -k "not cpu" > "$OUT/gpu_tests_default.log" 2>&1
+OMP_NUM_THREADS=1 timeout 100 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 12 -q --timeout=90 -rfE \
+  tests/test_kernels_decode.py tests/test_sglang_kernel_path.py -k "(real_sizes or graph or spread) and not cpu" \
+  > "$OUT/gpu_tests_default.log" 2>&1
 echo "pytest rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/gpu_tests_default.log"
