@@ -493,6 +493,35 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
     assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+def test_merge_one_pass_equals_the_chunked_merge_with_many_empty_splits(bits, nan_empty):
+    """``merge_one_pass``: the separate merge reading all log-sum-exps in one load and the non-empty
+    splits' rows in another gives the chunked merge's output to fp32 rounding (another summation
+    order), within the reference's bound, with most splits empty (short requests over 70 splits,
+    over two 64-partial chunks of the chunked merge), a request with one sealed tile and an empty
+    one; the fused stage-1 merge ignores it; the rotated-basis merge and more than
+    ``ONE_PASS_MAX_PARTS`` partials are refused by name."""
+    cfg = OscarConfig(bits=bits, page_size=32)
+    pool = build_pool(cfg, h=2, d=64, p=32, lens=[5 * 32 + 7, 32 + 3, 9, 12 * 32], last_sealed={3}, seed=61)
+    q = torch.randn(4, 8, 64).bfloat16().to(DEVICE)
+    base = dict(num_splits=70, fused_merge=False)
+    chunked = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=base)
+    one = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(base, merge_one_pass=True))
+    assert torch.allclose(one, chunked, rtol=1e-5, atol=1e-6), (one - chunked).abs().max()
+    assert rel_rms(one, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
+    # the fused merge (in the last stage-1 program) does not take it: the same output either way
+    fused = dict(num_splits=4, fused_merge=True)
+    assert torch.equal(_decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(fused, merge_one_pass=True)),
+                       _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=fused))
+    part_o = torch.zeros(1, 2, kdecode.ONE_PASS_MAX_PARTS + 1, 64, device=DEVICE)
+    part_lse = torch.full(part_o.shape[:3], float("-inf"), device=DEVICE)
+    with pytest.raises(ValueError, match="merge_one_pass.*257"):
+        kdecode.merge_launch(part_o, part_lse, torch.empty(1, 2, 64, device=DEVICE), one_pass=True)
+    with pytest.raises(ValueError, match="merge_one_pass.*rotation"):
+        kdecode.merge_launch(part_o[:, :, :8], part_lse[:, :, :8], torch.empty(1, 2, 64, device=DEVICE), rotation=True,
+                             one_pass=True)
+
+
 def test_merge_pdl_runs_where_grid_dependency_control_does_and_is_refused_elsewhere(nan_empty, monkeypatch):
     """``_DecodeTuning.merge_pdl`` (the separate merge launch as a programmatic dependent of stage 1):
     the launcher takes it on sm_90+ outside the interpreter (``merge_pdl_reason`` None) with the Gluon

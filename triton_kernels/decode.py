@@ -311,6 +311,7 @@ def _decode_stage2_kernel(
     LOG2D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
     PDL: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = 0,
 ):
     # The unfused merge (``fused_merge`` off), grid (B, Hq, D / DB): one program per (request,
     # query head, DB channels), a weighted sum of partials that stage 1 already rotated back.
@@ -322,24 +323,51 @@ def _decode_stage2_kernel(
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
     d0 = tl.program_id(2) * DB
-    base = (i_b * HQ + i_hq) * n_part + tl.arange(0, 1)
-    b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, d0, 1, D, DB, CHUNK)
+    if ONE_PASS > 0:
+        # ``_DecodeTuning.merge_one_pass``: every partial's log-sum-exp in one load, then the partial
+        # outputs of the splits that hold any (empty splits' rows are not read: a short request's
+        # many empty splits cost no memory traffic), all rows of the block in one load: one round
+        # trip for each instead of one per CHUNK of partials.
+        row = (i_b * HQ + i_hq) * n_part
+        o_s = tl.arange(0, ONE_PASS)
+        m_s = o_s < n_part
+        b_lse = tl.load(part_lse_ptr + row + o_s, mask=m_s, other=float("-inf"))
+        m = tl.max(b_lse, axis=0)
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp2(b_lse - m_ref)  # empty splits (lse = -inf) weigh 0
+        o_d = d0 + tl.arange(0, DB)
+        b_o = tl.load(part_o_ptr + (row + o_s)[:, None] * D + o_d[None, :], mask=(w > 0.0)[:, None], other=0.0)
+        l = tl.sum(w, axis=0)
+        b_out = (tl.sum(w[:, None] * b_o, axis=0) / tl.where(l > 0.0, l, 1.0))[None, :]
+    else:
+        base = (i_b * HQ + i_hq) * n_part + tl.arange(0, 1)
+        b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, d0, 1, D, DB, CHUNK)
     if ROTATE:
         b_out = fwht_rows(b_out, 1, D, LOG2D) * INV_SQRT_D
     p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + (d0 + tl.arange(0, DB))[None, :]
     tl.store(p_out, b_out.to(out_ptr.dtype.element_ty))
 
 
+#: The most partials per (request, query head) ``merge_launch(one_pass=True)`` takes in one load
+#: (a block of this many rows of 32 channels per program); more keep the chunked merge.
+ONE_PASS_MAX_PARTS = 256
+
+
 def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, rotation: bool = False,
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, one_pass: bool = False) -> None:
     """The separate merge launch over stage 1's partials ``[B, Hq, n, D]``: rotated back already,
     or in the rotated basis with ``rotation`` (the Gluon stage 1; one program per query head then).
     ``pdl``: a programmatic dependent launch of the stage 1 launched just before it, which must have
     been launched with its dependents allowed (``_DecodeTuning.merge_pdl``; sm_90+, not in the
-    interpreter)."""
+    interpreter). ``one_pass`` (``_DecodeTuning.merge_one_pass``; not with ``rotation``, at most
+    ``ONE_PASS_MAX_PARTS`` partials): all log-sum-exps in one load, then the non-empty partials' rows
+    in one load, instead of one round trip per chunk of partials."""
     b, hq, n_part, d = part_o.shape
     db = d if rotation else min(d, 32)
     rotate = rotation_arguments(d, True) if rotation else {}
+    if one_pass and (rotation or n_part > ONE_PASS_MAX_PARTS):
+        raise ValueError(f"merge_one_pass: not with the rotated-basis merge (rotation={rotation}) nor over more than "
+                         f"{ONE_PASS_MAX_PARTS} partials (got {n_part})")
     _decode_stage2_kernel[(b, hq, d // db)](
         part_o_ptr=part_o,
         part_lse_ptr=part_lse,
@@ -354,6 +382,7 @@ def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
         num_warps=2,
         **rotate,
         **({"PDL": True, "launch_pdl": True} if pdl else {}),
+        **({"ONE_PASS": max(16, triton.next_power_of_2(n_part))} if one_pass else {}),
     )
 
 
@@ -479,6 +508,11 @@ class _DecodeTuning:
             step at 2K-8K tokens waits for the open-page program's tiles one after another (session
             36, ``step_kernels.py``). The launcher's default (``SPREAD_OPEN``) below the Gluon
             default's pairs (single requests at 8 KV heads), measured in session 37.
+        merge_one_pass: the separate merge launch (not the rotated-basis one, at most
+            ``ONE_PASS_MAX_PARTS`` partials) reads every partial's log-sum-exp in one load and then
+            the rows of the splits that hold any in one more, where the chunked merge takes one round
+            trip per 64 partials (a single request's 129 partials: three) and reads empty splits' rows
+            too. Prepared in session 37 (CPU-tested), not timed: opt-in.
     """
 
     block_n: int
@@ -500,6 +534,7 @@ class _DecodeTuning:
     split_pdl: bool = False
     merge_pdl: bool = False
     spread_open: int = 0
+    merge_one_pass: bool = False
 
 
 #: Whether the launcher runs a separate merge launch as a programmatic dependent of a Gluon stage 1
@@ -953,7 +988,7 @@ def oscar_decode_attention(
                                          fused=fused, window_left=window, pdl=pdl,
                                          launch_dependents=tune.merge_pdl and not merge_in)
         if not merge_in:
-            merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl)
+            merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=tune.merge_one_pass)
         return out
     if tune.gluon:  # three launches: write (+ query rotation), Gluon stage 1, merge (+ inverse rotation)
         if write:
@@ -968,7 +1003,7 @@ def oscar_decode_attention(
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
                                          part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
                                          variant=tune.gluon_variant, window_left=window, launch_dependents=tune.merge_pdl)
-        merge_launch(part_o, part_lse, out, rotation=layer.rotation, pdl=tune.merge_pdl)
+        merge_launch(part_o, part_lse, out, rotation=layer.rotation, pdl=tune.merge_pdl, one_pass=tune.merge_one_pass)
         return out
     block_g = triton.next_power_of_2(group)
     cap = max(1, min(64, 4096 // (block_g * d)))  # ~4K fp32 of the group's partials per block load
@@ -1001,5 +1036,5 @@ def oscar_decode_attention(
         **options,
     )
     if not fused_merge:
-        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl)
+        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=tune.merge_one_pass)
     return out
