@@ -109,10 +109,13 @@ class Outcome:
     detail: str = ""
 
 
-def hooks_env(env: dict[str, str], *, retract: bool = True) -> dict[str, str]:
-    """`env` with the test-only plug-in first on PYTHONPATH (and `RETRACT_ENV` unless not `retract`)."""
+def hooks_env(env: dict[str, str], *, retract: bool = True, retract_interval: int | None = None) -> dict[str, str]:
+    """`env` with the test-only plug-in first on PYTHONPATH (and `RETRACT_ENV` unless not `retract`;
+    `retract_interval`: another `SGLANG_TEST_RETRACT_INTERVAL` than `RETRACT_ENV`'s)."""
     old = env.get("PYTHONPATH")
-    return {**env, **(RETRACT_ENV if retract else {}),
+    retract_env = dict(RETRACT_ENV, **({} if retract_interval is None else
+                                       {"SGLANG_TEST_RETRACT_INTERVAL": str(retract_interval)}))
+    return {**env, **(retract_env if retract else {}),
             "PYTHONPATH": os.pathsep.join([str(HOOKS_DIR)] + ([old] if old else []))}
 
 
