@@ -504,9 +504,14 @@ def test_merge_one_pass_equals_the_chunked_merge_with_many_empty_splits(bits, na
     cfg = OscarConfig(bits=bits, page_size=32)
     pool = build_pool(cfg, h=2, d=64, p=32, lens=[5 * 32 + 7, 32 + 3, 9, 12 * 32], last_sealed={3}, seed=61)
     q = torch.randn(4, 8, 64).bfloat16().to(DEVICE)
-    base = dict(num_splits=70, fused_merge=False)
-    chunked = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=base)
-    one = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(base, merge_one_pass=True))
+    # one stage 1 (the launcher, merge_one_pass on), then the chunked merge launch over its partials
+    workspace = kdecode.decode_workspace(4, 8, 2, 64, 70, DEVICE)
+    one = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), workspace=workspace,
+                  tune=dict(num_splits=70, fused_merge=False, merge_one_pass=True))
+    part_o, part_lse = workspace[0], workspace[1]
+    assert part_o.shape[2] == 71 and torch.isinf(part_lse).float().mean() > 0.5  # most partials empty
+    chunked = torch.empty(q.shape, device=DEVICE)
+    kdecode.merge_launch(part_o, part_lse, chunked)
     assert torch.allclose(one, chunked, rtol=1e-5, atol=1e-6), (one - chunked).abs().max()
     assert rel_rms(one, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
     # the fused merge (in the last stage-1 program) does not take it: the same output either way

@@ -10,6 +10,7 @@ write it runs as a separate launch and that the default stays the Triton stage 1
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -157,7 +158,9 @@ _needs_interpreter = pytest.mark.skipif(
            "conftest without a GPU); on a GPU the compiled-kernel tests of this file cover the Gluon stage 1")
 
 
+@functools.cache
 def _numpy_check_module():
+    """The numpy stand-in, loaded once per process (its memo of the Triton kernels' outputs lives there)."""
     import importlib.util
     from pathlib import Path
 

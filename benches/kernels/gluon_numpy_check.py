@@ -15,6 +15,7 @@ FMA rounded to fp16). Run from the repo root with the installed package (any Tri
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -530,6 +531,55 @@ def _tma_descriptors(args, var, block_n):
             "vp_desc": Desc(two_d(args["vp_ptr"], 8, torch.float16), (n * ng // 4, 8))}
 
 
+#: The Triton kernels' outputs this process computed, by the digest of everything they read
+#: (``_triton_memo``): the variants of one check share the same pool, queries and splits, and the
+#: Triton kernel in the interpreter is ~95 % of a check's time; the stand-in runs every time.
+_TRITON_MEMO: dict[str, tuple[torch.Tensor | None, ...]] = {}
+
+
+def _digest(*objs) -> str:
+    """A digest of tensors (dtype, shape, bytes), dataclasses (fields), containers and plain values."""
+    h = hashlib.sha256()
+
+    def feed(o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(o.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            h.update(type(o).__name__.encode())
+            for f in dataclasses.fields(o):
+                h.update(f.name.encode())
+                feed(getattr(o, f.name))
+        elif isinstance(o, (list, tuple)):
+            h.update(b"(")
+            for x in o:
+                feed(x)
+            h.update(b")")
+        elif isinstance(o, dict):
+            h.update(b"{")
+            for k in sorted(o, key=str):
+                h.update(str(k).encode())
+                feed(o[k])
+            h.update(b"}")
+        else:
+            h.update(repr(o).encode())
+        h.update(b";")
+
+    for o in objs:
+        feed(o)
+    return h.hexdigest()
+
+
+def _triton_memo(inputs: tuple, run) -> tuple[torch.Tensor | None, ...]:
+    """``run()``'s tensors (copies), computed once per digest of ``inputs`` (everything ``run``
+    reads, taken right before it would run)."""
+    key = _digest(*inputs)
+    if key not in _TRITON_MEMO:
+        _TRITON_MEMO[key] = tuple(None if t is None else t.detach().clone() for t in run())
+    return tuple(None if t is None else t.clone() for t in _TRITON_MEMO[key])
+
+
 def _merge_in_launch(n_split, group, d):
     """The launcher's rule (``oscar_decode_attention``): a fused variant merges in its launch when
     the Triton step would fuse its merge (few splits)."""
@@ -568,9 +618,11 @@ def check(bits, h, g, p, lens, last_sealed, scope, block_n, n_split, seed, varia
     from oscar_sgl.kernels import oscar_decode_attention
 
     tune = dataclasses.replace(kdecode._default_tuning(len(lens), h, d, p), num_splits=n_split, block_n=block_n)
-    tri = oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
-                                 seq_lens=pool.seq_lens, sm_scale=sm, out=torch.empty(q.shape), _tuning=tune,
-                                 window_left=window_left)
+    (tri,) = _triton_memo(
+        ("check", q, pool.layer, pool.kv_indptr, pool.kv_page_indices, pool.seq_lens, sm, tune, window_left),
+        lambda: (oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr,
+                                        kv_page_indices=pool.kv_page_indices, seq_lens=pool.seq_lens, sm_scale=sm,
+                                        out=torch.empty(q.shape), _tuning=tune, window_left=window_left),))
     agree = rel_rms(out, tri)
     print(f"{variant} INT{bits} H={h} group={g} P={p} {scope} block_n={block_n} splits={n_split} {fmt or ''}"
           f"{'' if window_left is None else f' window {window_left}'}: relative RMS vs reference {err:.2e}, "
@@ -610,10 +662,23 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     sm = 1.0 / math.sqrt(d)
     tune = kdecode._default_tuning(len(lens), h, d, p)
     n_split = kdecode.pick_num_splits(len(lens), h, waves=tune.waves, resident=tune.resident, fit=tune.fit)
-    tri = oscar_decode_attention(q=q, **pools[1].pool_kwargs(), kv_indptr=pools[1].kv_indptr,
-                                 kv_page_indices=pools[1].kv_page_indices, seq_lens=seq_lens, sm_scale=sm, new_k=k_new,
-                                 new_v=v_new, new_loc=loc, staging_scale=pools[1].staging_scale,
-                                 out=torch.empty(q.shape), _tuning=tune)  # fmt: skip
+    tri_pool = pools[1]
+
+    def tri_step():
+        o = oscar_decode_attention(q=q, **tri_pool.pool_kwargs(), kv_indptr=tri_pool.kv_indptr,
+                                   kv_page_indices=tri_pool.kv_page_indices, seq_lens=seq_lens, sm_scale=sm, new_k=k_new,
+                                   new_v=v_new, new_loc=loc, staging_scale=tri_pool.staging_scale,
+                                   out=torch.empty(q.shape), _tuning=tune)  # fmt: skip
+        return o, tri_pool.layer.staging_k, tri_pool.layer.staging_v, tri_pool.staging_scale
+
+    # the fused Triton step writes the new tokens into this pool's staging (what `same` and `st`
+    # compare below): on a digest hit its staged state is restored from the first run
+    tri, sk, sv, ss = _triton_memo(("step", q, tri_pool.layer, tri_pool.kv_indptr, tri_pool.kv_page_indices, seq_lens,
+                                    k_new, v_new, loc, tri_pool.staging_scale, sm, tune), tri_step)
+    tri_pool.layer.staging_k.copy_(sk)
+    tri_pool.layer.staging_v.copy_(sv)
+    if ss is not None:
+        tri_pool.staging_scale.copy_(ss)
     part_o, part_lse, _, q_scratch = kdecode.decode_workspace(len(lens), h * g, h, d, n_split, "cpu")
     pool.seq_lens = seq_lens
     out = torch.full(q.shape, float("nan"))
