@@ -9,6 +9,6 @@ t0=$SECONDS
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$name"
 source benches/results/kernels_gluon_s37/prelude.sh
 OSCAR_COMMIT=${OSCAR_COMMIT:-unknown} OSCAR_DIRTY=0 REPORT_DIR=$OUT/regen NCU_PROFILE=${NCU_PROFILE:-1} \
-  timeout $((585 - (SECONDS - t0))) bash benches/kernels/regenerate.sh > "$OUT/regen.log" 2>&1
+  timeout $((${REGEN_LIMIT:-585} - (SECONDS - t0))) bash benches/kernels/regenerate.sh > "$OUT/regen.log" 2>&1
 echo "regen rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/regen.log"
 grep -A16 "## Targets" "$OUT/regen/kernels.md"
