@@ -30,10 +30,9 @@ fi
 # of traffic, three tensor-parallel ranks, the fault injection's timings; ~4 min). Every line of
 # phase 1 is prefixed with its shard's name. Each file runs in exactly one shard: a new test file
 # lands in the second shard unless listed here.
-# (test_serve.py and test_needle.py, ~80 s, run in the rest shard since session 39: with the Gluon CPU
-# checks' Triton comparisons computed once, the rest shard took 1566 s against the servers' 1743 s.)
 SERVERS=(tests/test_sglang_sliding_window.py tests/test_sglang_server_e2e.py tests/test_sglang_determinism.py
-         tests/test_readme_serving.py tests/test_sglang_plugin.py tests/test_serving_harness.py tests/test_eval.py)
+         tests/test_readme_serving.py tests/test_sglang_plugin.py tests/test_serve.py tests/test_serving_harness.py
+         tests/test_needle.py tests/test_eval.py)
 ALONE=(tests/test_sglang_soak.py tests/test_sglang_tp.py tests/test_sglang_faults.py)
 REST=()
 for f in "${SERVERS[@]}" "${ALONE[@]}"; do
