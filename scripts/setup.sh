@@ -25,17 +25,23 @@ step() {
 dependencies() {
   local free_gb
   free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
-  if [ "$free_gb" -lt 12 ]; then
+  if [ "$free_gb" -lt 9 ]; then
     echo "setup: warning: ${free_gb} GB free here; the dependencies take ~7 GB installed (PyPI's torch" \
-      "brings its CUDA libraries) and up to ~11 GB while pip installs them" >&2
+      "brings its CUDA libraries), and the build, the converted models and the tests ~1.5 GB more" >&2
   fi
   "$VENV/bin/python" -m pip install -q --upgrade pip
+  # One pip call per large wheel (requirements/heavy.txt says why), then everything else.
+  local req
+  while read -r req; do
+    case $req in '' | '#'*) continue ;; esac
+    "$VENV/bin/python" -m pip install -q --no-deps "$req"
+  done < requirements/heavy.txt
   "$VENV/bin/python" -m pip install -q -r requirements/ci.txt
   "$VENV/bin/python" -m pip install -q --no-deps -r requirements/nodeps.txt
 }
 
 [ -x "$VENV/bin/python" ] || step "virtualenv" "$VENV" "$PY" -m venv "$VENV"
-stamp="$VENV/.oscar-deps-$(cat requirements/ci.txt requirements/nodeps.txt | sha256sum | cut -c1-16)"
+stamp="$VENV/.oscar-deps-$(cat requirements/heavy.txt requirements/ci.txt requirements/nodeps.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   step "dependencies" "pinned, from PyPI: torch, transformers, SGLang, ...; ~2 min" dependencies
   touch "$stamp"

@@ -1,8 +1,10 @@
 """The same answer whether the prompt was cached or not (issue 20): a real CPU server with
 `--kv-cache oscar` (default `--oscar-prefill position`) answers one prompt cold, warm (a full
 prefix-cache hit), after a partial hit (another prompt sharing most of it), after `/flush_cache`,
-at `--chunked-prefill-size` 64 / 256 / 8192, alone and in a batch with other requests: the same
-greedy tokens, and output log-probabilities within `LOGPROB_BOUND` of each other.
+prefilled in chunks of 64 tokens and in one piece (`--chunked-prefill-size` 64 / 8192), alone and
+in a batch with other requests: the same greedy tokens, and output log-probabilities within
+`LOGPROB_BOUND` of each other. (Until session 40 a third server at 256 too; ~80 s of CI, and
+64 / 8192 are the two ends.)
 
 Why the bound is not zero, and why 1e-3: with position-determined attention every token attends
 to the same codes and the same exact tokens in every case, and on this path (the torch reference,
@@ -87,7 +89,7 @@ def _batched(server, prompts):
 def test_same_answer_cold_warm_partial_hit_flushed_chunked_and_batched(prompts):
     path, x, y, z = prompts
     diffs = {}
-    with launch(path, *ARGS, "--chunked-prefill-size", "256") as server:
+    with launch(path, *ARGS, "--chunked-prefill-size", "64") as server:
         x_cold = _gen(server, x)
         assert x_cold[2] == 0
         x_warm = _gen(server, x)
@@ -109,10 +111,9 @@ def test_same_answer_cold_warm_partial_hit_flushed_chunked_and_batched(prompts):
         diffs["batched Y"] = _same("Y in a batch vs alone", by, y_cold)
         info = server.get("/server_info")["internal_states"][0]["oscar"]
         assert info["prefill"] == "position"
-    for chunk in ("64", "8192"):
-        with launch(path, *ARGS, "--chunked-prefill-size", chunk) as server:
-            diffs[f"X chunked {chunk}"] = _same(f"X at --chunked-prefill-size {chunk} vs 256", _gen(server, x), x_cold)
-            y_c = _gen(server, y)  # after X: a partial hit here too
-            assert y_c[2] > 0
-            diffs[f"Y chunked {chunk}"] = _same(f"Y at --chunked-prefill-size {chunk} vs 256", y_c, y_cold)
+    with launch(path, *ARGS, "--chunked-prefill-size", "8192") as server:  # each prompt in one chunk
+        diffs["X unchunked"] = _same("X at --chunked-prefill-size 8192 vs 64", _gen(server, x), x_cold)
+        y_c = _gen(server, y)  # after X: a partial hit here too
+        assert y_c[2] > 0
+        diffs["Y unchunked"] = _same("Y at --chunked-prefill-size 8192 vs 64", y_c, y_cold)
     print("max |delta log-prob| per case:", {k: f"{v:.1e}" for k, v in diffs.items()})
