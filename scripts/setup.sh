@@ -25,9 +25,9 @@ step() {
 dependencies() {
   local free_gb
   free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
-  if [ "$free_gb" -lt 9 ]; then
-    echo "setup: warning: ${free_gb} GB free here; the dependencies take ~7 GB installed (PyPI's torch" \
-      "brings its CUDA libraries), and the build, the converted models and the tests ~1.5 GB more" >&2
+  if [ "$free_gb" -lt 10 ]; then
+    echo "setup: warning: ${free_gb} GB free here; the dependencies take ~6.6 GB installed (PyPI's" \
+      "torch brings its CUDA libraries), the build, the converted test models and the tests ~2.5 GB more" >&2
   fi
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # One pip call per large wheel (requirements/heavy.txt says why), then everything else.

@@ -22,20 +22,19 @@ if [ $# -gt 0 ] || [ "${OSCAR_TEST_SHARDS:-2}" = 1 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
 
-# The whole suite in two phases (session 39, on 2 cores: phase 1 1751 s, phase 2 409 s, the whole
-# .ci/run 41 min; the same commands took 27-35 min there in sessions 35-37). Phase 1 runs two
-# pytest processes side by side, one core each (OMP_NUM_THREADS=1 above): the tests that drive real
-# SGLang servers, with the seal kernels' and `oscar-sgl plan`'s tests to even the two out (SERVERS;
-# session 40, measured side by side before its cuts to the server tests: 1605 s for the server
-# files, 115 s and 44 s for the other two), and the rest (kernels in Triton's interpreter,
-# in-process SGLang, reference, packer, config, ...; 1533 s with those two). Phase 2 runs alone the tests whose work is
+# The whole suite in two phases (session 40, on 2 cores, a fresh clone: phase 1 1341 s, phase 2
+# 384 s, the whole .ci/run 33.5 min; session 39: 1751 s, 409 s, 41 min). Phase 1 runs two pytest
+# processes side by side, one core each (OMP_NUM_THREADS=1 above): the tests that drive real SGLang
+# servers, with `oscar-sgl plan`'s tests (SERVERS; 1332 s in that run, with the seal kernels' tests
+# too, ~100 s, which are back in the rest since), and the rest (kernels in Triton's interpreter,
+# in-process SGLang, reference, packer, config, ...; 1117 s). Phase 2 runs alone the tests whose work is
 # bounded by wall time or that start more processes than there are cores (ALONE: the soak's 50 s
 # of traffic, three tensor-parallel ranks, the fault injection's timings). Every line of
 # phase 1 is prefixed with its shard's name. Each file runs in exactly one shard: a new test file
 # lands in the second shard unless listed here.
 SERVERS=(tests/test_sglang_sliding_window.py tests/test_sglang_server_e2e.py tests/test_sglang_determinism.py
          tests/test_readme_serving.py tests/test_sglang_plugin.py tests/test_serve.py tests/test_serving_harness.py
-         tests/test_needle.py tests/test_eval.py tests/test_kernels_seal.py tests/test_cli_plan.py)
+         tests/test_needle.py tests/test_eval.py tests/test_cli_plan.py)
 ALONE=(tests/test_sglang_soak.py tests/test_sglang_tp.py tests/test_sglang_faults.py)
 REST=()
 for f in "${SERVERS[@]}" "${ALONE[@]}"; do
