@@ -527,6 +527,32 @@ def test_merge_one_pass_equals_the_chunked_merge_with_many_empty_splits(bits, na
                              one_pass=True)
 
 
+def test_the_launcher_merges_in_one_pass_from_many_partials_on(nan_empty, monkeypatch):
+    """``merge_one_pass`` None (the launcher's default): the separate merge runs in one pass from
+    ``MERGE_ONE_PASS_PARTS`` partials per (request, query head) to ``ONE_PASS_MAX_PARTS``, never in
+    the rotated basis; the launch passes that choice to its merge launch, and its output is the forced
+    arm's, bit for bit, on both sides of the threshold."""
+    taken = []
+    real_merge = kdecode.merge_launch
+
+    def recording_merge(*args, **kwargs):
+        taken.append(kwargs.get("one_pass"))
+        return real_merge(*args, **kwargs)
+
+    monkeypatch.setattr(kdecode, "merge_launch", recording_merge)
+    lo, hi = kdecode.MERGE_ONE_PASS_PARTS, kdecode.ONE_PASS_MAX_PARTS
+    assert [kdecode.merge_one_pass_default(n) for n in (2, lo - 1, lo, hi, hi + 1)] == [False, False, True, True, False]
+    assert not kdecode.merge_one_pass_default(lo, rotation=True)
+    assert kdecode._DecodeTuning(block_n=32, block_t=32, num_warps=1, transposed=True, waves=None).merge_one_pass is None
+    pool = build_pool(OscarConfig(bits=2, page_size=32), h=1, d=64, p=32, lens=[5 * 32 + 7], seed=62)
+    q = torch.randn(1, 4, 64).bfloat16().to(DEVICE)
+    for splits, one_pass in ((lo - 2, False), (lo - 1, True)):  # splits + 1 partials
+        arms = [_decode(pool, q, out=torch.empty(q.shape, device=DEVICE),
+                        tune=dict(num_splits=splits, fused_merge=False, merge_one_pass=flag)) for flag in (None, one_pass)]
+        assert torch.equal(arms[0], arms[1]), splits
+        assert taken[-2:] == [one_pass, one_pass], (splits, taken)
+
+
 def test_merge_pdl_runs_where_grid_dependency_control_does_and_is_refused_elsewhere(nan_empty, monkeypatch):
     """``_DecodeTuning.merge_pdl`` (the separate merge launch as a programmatic dependent of stage 1):
     the launcher takes it on sm_90+ outside the interpreter (``merge_pdl_reason`` None) with the Gluon

@@ -807,13 +807,14 @@ def test_gluon_fused_step_merges_in_the_launch(variant, group, nan_empty):
 def test_the_default_decode_runs_the_fused_triton_step(nan_empty):
     """Without ``_tuning`` a launch of 8 (request, KV head) pairs (2 requests at 4 KV heads, under
     ``GLUON_DEFAULT_PAIRS``' 16; from 16 the Gluon step is the default) at head_dim 128 runs the fused
-    Triton step: its output is bit-identical to the explicit Triton tuning's (and, where Gluon runs,
-    not to the Gluon one's)."""
+    Triton step with the open page spread over short sealed programs (``SPREAD_OPEN``, the default
+    below 16 pairs): its output is bit-identical to the explicit Triton tuning's with that spread
+    (and, where Gluon runs, not to the Gluon one's)."""
     cfg = OscarConfig(bits=2, page_size=128)
     lens = (1000, 300)
     assert len(lens) * 4 < kdecode.GLUON_DEFAULT_PAIRS[0]
     _, out_default = _step_with_write(cfg, gluon=None, h=4, lens=lens)
-    _, out_triton = _step_with_write(cfg, gluon=False, h=4, lens=lens)
+    _, out_triton = _step_with_write(cfg, gluon=False, h=4, lens=lens, tune=dict(spread_open=kdecode.SPREAD_OPEN))
     assert torch.equal(out_default, out_triton)
     if _GLUON_REASON is None:
         _, out_gluon = _step_with_write(cfg, gluon=True, h=4, lens=lens)

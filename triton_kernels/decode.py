@@ -512,7 +512,8 @@ class _DecodeTuning:
             ``ONE_PASS_MAX_PARTS`` partials) reads every partial's log-sum-exp in one load and then
             the rows of the splits that hold any in one more, where the chunked merge takes one round
             trip per 64 partials (a single request's 129 partials: three) and reads empty splits' rows
-            too. Prepared in session 37 (CPU-tested), not timed: opt-in.
+            too. None (the default): the launcher's rule, ``merge_one_pass_default`` (from
+            ``MERGE_ONE_PASS_PARTS`` partials on); True / False force it on / off.
     """
 
     block_n: int
@@ -534,7 +535,7 @@ class _DecodeTuning:
     split_pdl: bool = False
     merge_pdl: bool = False
     spread_open: int = 0
-    merge_one_pass: bool = False
+    merge_one_pass: bool | None = None
 
 
 #: Whether the launcher runs a separate merge launch as a programmatic dependent of a Gluon stage 1
@@ -557,6 +558,30 @@ MERGE_PDL = True
 #: kernel's code for it costs ~1.5 % there though it is not taken). 1 and 4 time as 2 up to 32768
 #: tokens but for 1 at 8192 (not taken there).
 SPREAD_OPEN = 2
+
+
+#: The least partials per (request, query head) from which the launcher's separate merge runs in one
+#: pass (``_DecodeTuning.merge_one_pass`` None: ``merge_one_pass_default``). H200, session 41, whole
+#: decode steps side by side with the chunked merge, medians of 5 interleaved repeats
+#: (benches/results/kernels_s41/): 129 partials (single requests, the Triton stage 1; 2 requests, Gluon)
+#: 0.941-0.990 of the time in both formats and bit widths, 65 partials (4 requests) 0.988-0.990, 33
+#: partials (8 requests) 0.999-1.002, 17 partials (16 requests) 0.999-1.015.
+MERGE_ONE_PASS_PARTS = 64
+
+
+def merge_one_pass_default(n_part: int, rotation: bool = False) -> bool:
+    """Whether the launcher's separate merge over ``n_part`` partials per (request, query head) runs
+    in one pass when the tuning leaves it open (``merge_one_pass`` None): from ``MERGE_ONE_PASS_PARTS``
+    to ``ONE_PASS_MAX_PARTS`` partials, never the rotated-basis merge. Depends on the split count
+    only (the batch size), so one CUDA graph per batch size still serves every length."""
+    return not rotation and MERGE_ONE_PASS_PARTS <= n_part <= ONE_PASS_MAX_PARTS
+
+
+def _one_pass(tune: "_DecodeTuning", part_o: torch.Tensor, rotation: bool = False) -> bool:
+    """``tune.merge_one_pass``, or the launcher's rule where it is None."""
+    if tune.merge_one_pass is None:
+        return merge_one_pass_default(part_o.shape[2], rotation=rotation)
+    return tune.merge_one_pass
 
 
 def merge_pdl_reason(device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
@@ -988,7 +1013,7 @@ def oscar_decode_attention(
                                          fused=fused, window_left=window, pdl=pdl,
                                          launch_dependents=tune.merge_pdl and not merge_in)
         if not merge_in:
-            merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=tune.merge_one_pass)
+            merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=_one_pass(tune, part_o))
         return out
     if tune.gluon:  # three launches: write (+ query rotation), Gluon stage 1, merge (+ inverse rotation)
         if write:
@@ -1003,7 +1028,8 @@ def oscar_decode_attention(
                                          kv_page_indices=kv_page_indices, seq_lens=seq_lens, part_o=part_o,
                                          part_lse=part_lse, sm_scale=sm_scale, block_n=tune.block_n, block_t=tune.block_t,
                                          variant=tune.gluon_variant, window_left=window, launch_dependents=tune.merge_pdl)
-        merge_launch(part_o, part_lse, out, rotation=layer.rotation, pdl=tune.merge_pdl, one_pass=tune.merge_one_pass)
+        merge_launch(part_o, part_lse, out, rotation=layer.rotation, pdl=tune.merge_pdl,
+                     one_pass=_one_pass(tune, part_o, rotation=layer.rotation))
         return out
     block_g = triton.next_power_of_2(group)
     cap = max(1, min(64, 4096 // (block_g * d)))  # ~4K fp32 of the group's partials per block load
@@ -1036,5 +1062,5 @@ def oscar_decode_attention(
         **options,
     )
     if not fused_merge:
-        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=tune.merge_one_pass)
+        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=_one_pass(tune, part_o))
     return out
