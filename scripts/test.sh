@@ -22,22 +22,25 @@ if [ $# -gt 0 ] || [ "${OSCAR_TEST_SHARDS:-2}" = 1 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
 
-# The whole suite in two phases (session 40, on 2 cores, a fresh clone: phase 1 1341 s, phase 2
-# 384 s, the whole .ci/run 33.5 min; session 39: 1751 s, 409 s, 41 min). Phase 1 runs two pytest
-# processes side by side, one core each (OMP_NUM_THREADS=1 above): the tests that drive real SGLang
-# servers, with `oscar-sgl plan`'s tests (SERVERS; 1332 s in that run, with the seal kernels' tests
-# too, ~100 s, which are back in the rest since), and the rest (kernels in Triton's interpreter,
-# in-process SGLang, reference, packer, config, ...; 1117 s). Phase 2 runs alone the tests whose work is
-# bounded by wall time or that start more processes than there are cores (ALONE: the soak's 50 s
-# of traffic, three tensor-parallel ranks, the fault injection's timings). Every line of
-# phase 1 is prefixed with its shard's name. Each file runs in exactly one shard: a new test file
-# lands in the second shard unless listed here.
+# The whole suite in two phases (session 41, on 2 cores, a fresh clone of f736722 on a slow day of this
+# machine: phase 1 1895 s, phase 2 414 s, the whole .ci/run 44.8 min; session 40: 1341 s, 384 s,
+# 33.5 min). Phase 1 runs two lanes side by side, one pytest at a time in each, one core each
+# (OMP_NUM_THREADS=1 above): the tests that drive real SGLang servers, with `oscar-sgl plan`'s
+# tests (SERVERS), and then, in the same lane, the tensor-parallel servers' tests (AFTER_SERVERS: three
+# ranks and two more servers, ~180 s to start, no timing in their checks, startup timeouts of
+# 240-480 s); beside them the rest (kernels in Triton's interpreter, in-process SGLang, reference,
+# packer, config, the evaluation CLI, ...). Until session 41 the tensor-parallel tests waited for
+# both shards in phase 2. Phase 2 runs alone the tests whose work is bounded by wall time or whose
+# checks time the server (ALONE: the soak's 50 s of traffic, the fault injection's timings). Every
+# line of phase 1 is prefixed with its shard's name. Each file runs in exactly one shard: a new test
+# file lands in the rest unless listed here.
 SERVERS=(tests/test_sglang_sliding_window.py tests/test_sglang_server_e2e.py tests/test_sglang_determinism.py
          tests/test_readme_serving.py tests/test_sglang_plugin.py tests/test_serve.py tests/test_serving_harness.py
-         tests/test_needle.py tests/test_eval.py tests/test_cli_plan.py)
-ALONE=(tests/test_sglang_soak.py tests/test_sglang_tp.py tests/test_sglang_faults.py)
+         tests/test_needle.py tests/test_cli_plan.py)
+AFTER_SERVERS=(tests/test_sglang_tp.py)
+ALONE=(tests/test_sglang_soak.py tests/test_sglang_faults.py)
 REST=()
-for f in "${SERVERS[@]}" "${ALONE[@]}"; do
+for f in "${SERVERS[@]}" "${AFTER_SERVERS[@]}" "${ALONE[@]}"; do
   [ -f "$f" ] || { echo "test.sh: $f is listed in a shard but does not exist" >&2; exit 2; }
   REST+=("--ignore=$f")
 done
@@ -54,16 +57,16 @@ shard() {  # shard NAME PYTEST-ARGS...: one pytest, its lines prefixed with [NAM
   echo "${PIPESTATUS[0]}" > "$tmp/$name.rc"
 }
 t0=$SECONDS
-echo "test.sh: phase 1: pytest in two shards side by side (servers, rest)"
-shard servers "${SERVERS[@]}" &
+echo "test.sh: phase 1: pytest in two lanes side by side (servers then tp, rest)"
+(shard servers "${SERVERS[@]}"; echo "test.sh: shard servers done at $((SECONDS - t0)) s"; shard tp "${AFTER_SERVERS[@]}") &
 pid_servers=$!
-shard rest tests "${REST[@]}" &
+(shard rest tests "${REST[@]}"; echo "test.sh: shard rest done at $((SECONDS - t0)) s") &
 pid_rest=$!
 wait "$pid_servers" "$pid_rest"
 echo "test.sh: phase 1 done in $((SECONDS - t0)) s; phase 2: ${ALONE[*]}"
 shard alone "${ALONE[@]}"
 status=0
-for name in servers rest alone; do
+for name in servers tp rest alone; do
   rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo missing)
   echo "test.sh: shard $name: pytest exit status $rc"
   [ "$rc" = 0 ] || status=1
