@@ -22,9 +22,9 @@ if [ $# -gt 0 ] || [ "${OSCAR_TEST_SHARDS:-2}" = 1 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
 
-# The whole suite in two phases (session 41, on 2 cores, a fresh clone of f736722 on a slow day of this
-# machine: phase 1 1895 s, phase 2 414 s, the whole .ci/run 44.8 min; session 40: 1341 s, 384 s,
-# 33.5 min). Phase 1 runs two lanes side by side, one pytest at a time in each, one core each
+# The whole suite in two phases (session 41, on 2 cores, fresh clones: this layout (e1cd9c0) phase 1
+# 1168 s (servers 958 s then tp 201 s; rest 1155 s), phase 2 156 s, the whole .ci/run 26.8 min; the
+# layout before it (f736722), on a slower hour of the same machine, 1895 s, 414 s, 44.8 min). Phase 1 runs two lanes side by side, one pytest at a time in each, one core each
 # (OMP_NUM_THREADS=1 above): the tests that drive real SGLang servers, with `oscar-sgl plan`'s
 # tests (SERVERS), and then, in the same lane, the tensor-parallel servers' tests (AFTER_SERVERS: three
 # ranks and two more servers, ~180 s to start, no timing in their checks, startup timeouts of
