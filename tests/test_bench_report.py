@@ -319,3 +319,42 @@ def test_source_stalls_refuse_what_is_not_a_source_page():
         ncu_source_stalls.summarize(ncu_source_stalls.rows_of(header + '"0x10","FADD R1, R2, R3","4","32","4"\n'))
     rows = ncu_source_stalls.rows_of(header + '"0x10","FADD R1, R2, R3","4","32","4"\n"0x20","@P0 BRA 0x10","1","32","1"\n')
     assert ncu_source_stalls.summarize(rows)["loop_instructions"] == 2
+
+
+# ---- two tunings or two kernel sources side by side (benches/kernels/tuning_ab.py)
+tuning_ab = pytest.importorskip("tuning_ab")
+
+
+def test_tuning_ab_takes_the_launchers_variant_with_a_suffix_and_another_gluon_source(tmp_path):
+    """``gluon_variant=+h`` / ``-h``: the shape's own variant with the lane form's suffix added or
+    taken off (not doubled, nothing to take off left alone); other fields pass through. ``--a-gluon
+    FILE``: the launcher runs the Gluon stage 1 of another ``gluon_decode.py`` inside the block only,
+    and the installed one after it (also after an error)."""
+    import dataclasses
+    import types
+
+    from oscar_sgl.kernels import decode
+
+    plain = types.SimpleNamespace(gluon_variant="dnp_r128fslwnkxv")
+    lanes = types.SimpleNamespace(gluon_variant="dnp_r128fslwnkxvh")
+    assert tuning_ab.variant_suffix({"gluon_variant": "+h"}, plain) == {"gluon_variant": "dnp_r128fslwnkxvh"}
+    assert tuning_ab.variant_suffix({"gluon_variant": "+h"}, lanes) == {"gluon_variant": "dnp_r128fslwnkxvh"}
+    assert tuning_ab.variant_suffix({"gluon_variant": "-h", "merge_pdl": True}, lanes) == \
+        {"gluon_variant": "dnp_r128fslwnkxv", "merge_pdl": True}
+    assert tuning_ab.variant_suffix({"gluon_variant": "-h"}, plain) == {"gluon_variant": "dnp_r128fslwnkxv"}
+    assert tuning_ab.variant_suffix({"gluon_variant": "regs1"}, plain) == {"gluon_variant": "regs1"}
+    fields = {f.name: f for f in dataclasses.fields(decode._DecodeTuning)}
+    assert tuning_ab.parse_fields("gluon_variant=+h", fields) == {"gluon_variant": "+h"}
+    src = Path(decode.gluon_decode.__file__).read_text().replace("LAZY_TAU = 8.0", "LAZY_TAU = 7.0")
+    (tmp_path / "gluon_decode_prev.py").write_text(src)
+    mod = tuning_ab.load_gluon_source(tmp_path / "gluon_decode_prev.py")
+    installed = decode.gluon_decode
+    assert mod is not installed and mod.LAZY_TAU == 7.0 and installed.LAZY_TAU == 8.0
+    with tuning_ab.gluon_source(decode, mod):
+        assert decode.gluon_decode is mod
+    assert decode.gluon_decode is installed
+    with pytest.raises(RuntimeError), tuning_ab.gluon_source(decode, mod):
+        raise RuntimeError
+    assert decode.gluon_decode is installed
+    with tuning_ab.gluon_source(decode, None):
+        assert decode.gluon_decode is installed

@@ -441,7 +441,8 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
         with pytest.raises(ValueError, match=f"Gluon variant '{variant}' takes one key group per tile; 32-token tiles "
                                              f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn, "
                                              f"dnp_r128fslwnp, dnp_r128fslwnpe, dnp_r128fslwnpx, dnp_r128fslwn64, "
-                                             f"dnp_r144fslwn64, dnp_r168fslwn64, dnp_r128fslwnpv, dnp_r128fslwnpxv$"):
+                                             f"dnp_r144fslwn64, dnp_r168fslwn64, dnp_r128fslwnpv, dnp_r128fslwnpxv, "
+                                             f"dnp_r128fslwnpvh, dnp_r128fslwnpxvh$"):
             _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
     with pytest.raises(ValueError, match="block_n in \\(16, 32, 64\\) dividing k_group=8 \\(or twice it"):
         gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
@@ -687,6 +688,38 @@ def _step_with_write(cfg, *, gluon, tune=None, lens=(300, 97, 1000, 64), h=8, g=
 
 @gpu
 @needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("key_page,share,split,mixed", [(False, False, False, True), (False, True, True, False),
+                                                        (True, False, False, False), (True, True, True, False)])
+def test_gluon_lane_butterflies_change_no_bit(bits, key_page, share, split, mixed, nan_empty):
+    """The ``lane_fwht`` forms of the four Gluon defaults (suffix h: the query rotation, the partial's
+    inverse rotation and the write's butterflies by lane shuffles in a layout of their own, compiled
+    for the GPU) give the plain forms' output and staged new tokens bit for bit: the whole step with
+    the write (fused, or a launch of its own as the launcher runs it from 192 pairs at INT2), both
+    formats, a layer whose keys are rotated in some heads only (the query rotation's row mask), a
+    padding request."""
+    cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT) if key_page else OscarConfig(bits=bits, page_size=128)
+    if key_page:
+        base = kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT if share else kdecode.GLUON_DEFAULT_PAGE_VARIANT
+    else:
+        base = kdecode.GLUON_DEFAULT_SHARE_VARIANT if share else kdecode.GLUON_DEFAULT_VARIANT
+    lens = (300, 97, 1000, 64, 129, 500, 257, 33)
+    flags = (True, False, True, True, False, True, True, False) if mixed else None
+    outs, staged = [], []
+    for v in (base, base + "h"):
+        tune = dict(gluon_variant=v, block_n=32, split_write=split, split_pdl=split, **({"fit": True} if share else {}))
+        pool, out = _step_with_write(cfg, gluon=True, lens=lens, tune=tune, key_rotated=flags)
+        outs.append(out)
+        staged.append([t.clone() for t in (pool.layer.staging_k, pool.layer.staging_v, pool.staging_scale)
+                       if t is not None])
+    assert not torch.isnan(outs[0]).any()
+    assert torch.equal(outs[0], outs[1]), base
+    for a, b in zip(*staged):
+        assert torch.equal(a, b), base
+
+
+@gpu
+@needs_gluon
 @pytest.mark.parametrize("bits,key_page,batch", [(2, False, 4), (4, False, 40), (2, True, 40), (4, True, 4)])
 @pytest.mark.parametrize("split", ["write", "rotation", "pdl"])
 def test_gluon_split_write_equals_the_fused_step(bits, key_page, batch, split, nan_empty):
@@ -719,7 +752,8 @@ def test_gluon_split_write_equals_the_fused_step(bits, key_page, batch, split, n
                                      "dnp_r128fslwnk", "dnp_r128fslwt3", "dnp_r128fslwnkt3", "dnp_r128fslwt2x2",
                                      "dnp_r128fslwnkt2x2", "dnp_r128fslwm", "dnp_r128fslwnm", "dnp_r128fslwko",
                                      "dnp_r128fslwk2", "dnp_r128fslwnk2", "dnp_r128fslwkx", "dnp_r128fslwnke",
-                                     "dnp_r128fslwnkx", "dnp_r128fslwnkv", "dnp_r128fslwnkxv", "dnp_r128fslwnkb"])
+                                     "dnp_r128fslwnkx", "dnp_r128fslwnkv", "dnp_r128fslwnkxv", "dnp_r128fslwnkb",
+                                     "dnp_r128fslwnkvh", "dnp_r128fslwnkxvh"])
 def test_gluon_step_with_the_write_equals_the_fused_triton_step(variant, bits, scope, flags, nan_empty):
     """With the step's write, the Gluon path runs the write launch (+ query rotation), stage 1 and
     the merge (``fused`` variants: stage 1 with the query rotation, the write and the partials'
@@ -900,8 +934,8 @@ def test_the_gluon_default_rule(monkeypatch):
         t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=2, device=torch.device("cuda"), **fmt)
         resident = kdecode.GLUON_RESIDENT
         share = kdecode.gluon_share_rule(batch, 8, waves=waves, resident=resident)
-        assert t.gluon and t.gluon_variant == (kdecode.GLUON_DEFAULT_SHARE_VARIANT if share
-                                               else kdecode.GLUON_DEFAULT_VARIANT), batch
+        want = kdecode.GLUON_DEFAULT_SHARE_VARIANT if share else kdecode.GLUON_DEFAULT_VARIANT
+        assert t.gluon and t.gluon_variant == kdecode.gluon_lane_form(want, batch * 8), batch
         assert (t.waves, t.resident, t.fit) == (waves, resident, share), batch
         assert t.block_n == kdecode._default_tuning(batch, 8, 128, 128).block_n
         # the write as a launch of its own, the stage 1 its programmatic dependent: INT2, GLUON_SPLIT_WRITE_PAIRS
@@ -948,6 +982,57 @@ def test_the_gluon_default_rule(monkeypatch):
         assert kdecode.pick_num_splits(batch, 8, num_sms=132, waves=None) == triton_, batch
 
 
+def test_the_gluon_default_takes_the_lane_butterflies_from_128_pairs(monkeypatch):
+    """``gluon_lane_form``: each of the four Gluon defaults has a ``lane_fwht`` form (suffix ``h``)
+    that differs from it by that flag only; the launcher takes it from ``GLUON_LANE_FWHT_PAIRS``
+    (128) (request, KV head) pairs on, in both formats, whether the open share runs or not, and
+    the plain form below (measured slower at 16-32 pairs); variants without such a form are kept."""
+    import dataclasses
+
+    assert kdecode.GLUON_LANE_FWHT_PAIRS == 128
+    for base in (kdecode.GLUON_DEFAULT_VARIANT, kdecode.GLUON_DEFAULT_SHARE_VARIANT, kdecode.GLUON_DEFAULT_PAGE_VARIANT,
+                 kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT):
+        lanes = gluon_decode.gluon_variant(base + "h")
+        assert lanes.lane_fwht and lanes.constexprs()["LANE_FWHT"]
+        assert dataclasses.replace(lanes, name=base, lane_fwht=False) == gluon_decode.gluon_variant(base)
+        assert kdecode.gluon_lane_form(base, 127) == base and kdecode.gluon_lane_form(base, 128) == base + "h"
+        assert kdecode.gluon_lane_form(base, 1024) == base + "h"
+    assert kdecode.gluon_lane_form("regs1", 512) == "regs1"  # no lane form: unchanged
+    with pytest.raises(ValueError, match="lane_fwht"):
+        gluon_decode.GluonVariant("x", lane_fwht=True)  # the butterflies are the fused step's
+    monkeypatch.setattr(kdecode, "gluon_default_reason", lambda **kw: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(multi_processor_count=132, major=9, minor=0))
+    for batch in (2, 8, 15, 16, 20, 32, 64, 128):
+        for key_page, fmt in ((False, dict(k_group=32, v_group=32)), (True, dict(k_group=16, v_group=64))):
+            for bits in (2, 4):
+                t = kdecode._launch_tuning(batch, 8, 128, 128, group=4, bits=bits, key_page=key_page,
+                                           device=torch.device("cuda"), **fmt)
+                assert gluon_decode.gluon_variant(t.gluon_variant).lane_fwht == (batch >= 16), (batch, key_page, bits)
+
+
+def test_the_lane_butterfly_adds_what_the_reference_adds_on_the_cpu():
+    """``_fwht_lanes`` (``lane_fwht``: the upper index bits' stages as lane shuffles, here the numpy
+    stand-in's shuffle, the partner at the flipped index bit its layout puts on that lane bit) gives
+    ``_fwht_rows``'s bits exactly (the same additions in the same order), for the rows it runs on:
+    the new token (1 row), the GQA group's query rows (4), the accumulator's padded rows (8, SHIFT 3),
+    the write's heads (8); head_dim 64 and 128. A wrong lane mask or sign fails it."""
+    G = _numpy_check_module()
+    fns = G.kernel_functions({"pid": (0, 0, 0), "grid": (1, 1, 1)})
+    rng = np.random.default_rng(42)
+    for rows, d, shift in ((1, 128, 0), (4, 128, 0), (8, 128, 3), (8, 128, 0), (1, 64, 0), (4, 64, 0), (8, 64, 3)):
+        x = G.T(rng.standard_normal((rows, d)).astype(np.float32) * 7)
+        log2d = d.bit_length() - 1
+        ref = np.asarray(G._a(fns["_fwht_rows"](x, rows, d, log2d, shift)))
+        got = np.asarray(G._a(fns["_fwht_lanes"](x, rows, d, log2d, shift)))
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), ref.view(np.int32)), (rows, d, shift)
+        # and the transform itself: H x (unnormalized) up to fp32 rounding
+        h = np.array([[(-1) ** bin(i & j).count("1") for j in range(d)] for i in range(d)], np.float64)
+        xs = np.asarray(G._a(x), np.float64)
+        if shift == 0:
+            np.testing.assert_allclose(got, xs @ h.T, rtol=1e-5, atol=1e-4)
+
+
 def test_the_gluon_default_shares_the_sealed_tiles_where_its_last_wave_would_be_partial(monkeypatch):
     """``gluon_share_rule`` on an H100 / H200's 132 SMs, requests at 8 KV heads: the Gluon default's
     grid (``splits + 1`` programs per pair) fits whole waves of 16 resident programs, or its last wave
@@ -982,6 +1067,7 @@ def test_the_gluon_default_shares_the_sealed_tiles_where_its_last_wave_would_be_
             want = ((kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else kdecode.GLUON_DEFAULT_SHARE_VARIANT)
                     if batch in shared else
                     (kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT))
+            want = kdecode.gluon_lane_form(want, batch * 8)
             assert (t.gluon_variant, t.fit) == (want, batch in shared), (batch, key_page)
             layer = types.SimpleNamespace(bits=2, k_ranges=object() if key_page else None, **fmt)
             splits = kdecode.decode_num_splits(batch, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda")
@@ -1069,7 +1155,8 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
         assert share == (batch not in (3, 16))
     base = kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT
     shared = kdecode.GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else kdecode.GLUON_DEFAULT_SHARE_VARIANT
-    assert tune.gluon and tune.gluon_variant == (shared if share else base) and tune.fit == share
+    want = kdecode.gluon_lane_form(shared if share else base, batch * h)
+    assert tune.gluon and tune.gluon_variant == want and tune.fit == share
     assert tune.waves == waves and tune.resident == kdecode.GLUON_RESIDENT
     splits = kdecode.decode_num_splits(batch, h, d, p, layer=pool.layer, num_q_heads=4 * h, device=torch.device("cuda"))
     assert splits == kdecode.pick_num_splits(batch, h, waves=waves, resident=kdecode.GLUON_RESIDENT, fit=share)

@@ -737,6 +737,21 @@ GLUON_SPLIT_WRITE_BITS = (2,)
 #: at 160-512 pairs and 3.0-8.8 % less at 768-1024 (paper format and the server's page-grid format,
 #: INT2 and INT4); on an H100 the same signs (sessions 27, 28, 32).
 GLUON_SHARE_MIN_TAIL = 0.05
+#: The (request, KV head) pairs from which the Gluon default runs its variant's ``lane_fwht`` form
+#: (the same name with the suffix ``h``: the query rotation, the partial's inverse rotation and the
+#: write's butterflies in a layout of their own, lane shuffles for the upper index bits; the same
+#: bits, ~1100 fewer instructions per program, and another ptxas schedule of the sealed-tile loop).
+#: Session 42, H100, whole steps side by side with the plain form, paper format
+#: (benches/results/kernels_s42/): 128 pairs 0.994x, 256-512 pairs 0.971-0.977x the time (INT2 and
+#: INT4); 64 pairs 1.002-1.011x, 32 pairs 1.027-1.030x, 16 pairs 1.037-1.095x.
+GLUON_LANE_FWHT_PAIRS = 128
+
+
+def gluon_lane_form(variant: str, pairs: int) -> str:
+    """The Gluon default's variant for a launch of ``pairs`` (request, KV head) pairs: its
+    ``lane_fwht`` form (``variant + "h"``) from ``GLUON_LANE_FWHT_PAIRS`` on, where there is one."""
+    lanes = variant + "h"
+    return lanes if pairs >= GLUON_LANE_FWHT_PAIRS and lanes in gluon_decode.GLUON_VARIANTS else variant
 
 
 def gluon_share_rule(batch: int, num_kv_heads: int, *, waves: float | None, resident: int,
@@ -814,7 +829,8 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
     (``gluon_share_rule``), the open-share variant (``GLUON_DEFAULT_SHARE_VARIANT``,
     ``GLUON_DEFAULT_PAGE_SHARE_VARIANT``) at the one-wave split count (``fit``); from
     ``GLUON_SPLIT_WRITE_PAIRS`` at ``GLUON_SPLIT_WRITE_BITS``, the write as a launch of its own
-    before it (``split_write``, ``split_pdl``). Where the Triton stage 1 runs for fewer pairs than the
+    before it (``split_write``, ``split_pdl``); from ``GLUON_LANE_FWHT_PAIRS``, the variant's
+    ``lane_fwht`` form (``gluon_lane_form``). Where the Triton stage 1 runs for fewer pairs than the
     Gluon default's least, the open page's tiles go to short sealed programs (``SPREAD_OPEN``).
     ``decode_num_splits(..., layer=...)`` gives its split count."""
     tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
@@ -826,10 +842,12 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
         split = bits in GLUON_SPLIT_WRITE_BITS and lo <= batch * num_kv_heads <= hi
         tune = replace(tune, merge_pdl=MERGE_PDL and merge_pdl_reason(device) is None)
         if gluon_share_rule(batch, num_kv_heads, waves=tune.waves, resident=GLUON_RESIDENT):
-            variant = GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else GLUON_DEFAULT_SHARE_VARIANT
+            variant = gluon_lane_form(GLUON_DEFAULT_PAGE_SHARE_VARIANT if key_page else GLUON_DEFAULT_SHARE_VARIANT,
+                                      batch * num_kv_heads)
             return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n, fit=True,
                            split_write=split, split_pdl=split)
-        variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
+        variant = gluon_lane_form(GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT,
+                                  batch * num_kv_heads)
         return replace(tune, gluon=True, gluon_variant=variant, resident=GLUON_RESIDENT, block_n=block_n,
                        split_write=split, split_pdl=split)
     if batch * num_kv_heads < GLUON_DEFAULT_PAIRS[0]:

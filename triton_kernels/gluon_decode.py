@@ -217,6 +217,16 @@ class GluonVariant:
             params, token scales) one tile ahead. Session 34 (H100 source-level profile of the
             default at (8, 32768) INT2): 38 % of the sealed loop's warp samples wait on global loads,
             9.5 % of them at the first use of the value params, issued after the keys' wait.
+        lane_fwht: the fused variants' butterflies (the query rotation of every program, the
+            partial's inverse rotation, the write's) by ``_fwht_lanes``: in a layout of their own,
+            the upper index bits' stages as lane shuffles, where ``_fwht_rows`` converts the layout
+            at each of the 7 stages; the query rotation over the GQA group's rows (``BLOCK_G``), not
+            the MMA's padded ``BLOCK_H``. The same bits (sm_90 SASS of the fused paper default, the
+            whole step: 6304 -> 4800 instructions, ~1100 fewer per program, shared memory 4 -> 1 KB).
+            ptxas then schedules the sealed-tile loop differently (the same instructions, the value
+            loads ~100 places earlier), which shows in the time: session 42, H100, the paper
+            defaults' whole steps side by side, 2.3-2.9 % less time at 32-64 requests, 0.6 % at 16,
+            but 2.7-9.5 % more at 2-4 (benches/results/kernels_s42/).
     """
 
     name: str
@@ -242,6 +252,7 @@ class GluonVariant:
     min_tiles: int = 0
     block_n: int | None = None
     l2_prefetch: int = 0
+    lane_fwht: bool = False
 
     @property
     def key_mode(self) -> int:
@@ -255,7 +266,8 @@ class GluonVariant:
                 "DIRECT": self.direct_staging, "SPREAD": self.spread_open, "LAZY": self.lazy_rescale,
                 "LEAN": self.lean_dequant, "TMA": self.tma, "TMA_TILES": self.tma_tiles, "OPEN_FIRST": self.open_first,
                 "TWO": self.two_tiles, "OPEN_SHARE": self.open_share, "PAGE_PAIRS": self.page_pairs,
-                "EARLY": self.early_loads, "MIN_TILES": self.min_tiles, "L2PF": self.l2_prefetch}
+                "EARLY": self.early_loads, "MIN_TILES": self.min_tiles, "L2PF": self.l2_prefetch,
+                "LANE_FWHT": self.lane_fwht}
 
     def __post_init__(self):
         if self.stages not in (0, 2, 3, 4):
@@ -272,6 +284,8 @@ class GluonVariant:
                              "'dequant' or 'mma')")
         if self.keys in ("mma", "mma_magic") and not self.packed:
             raise ValueError(f"GluonVariant keys={self.keys!r} folds the key params the packed form pairs (packed=True)")
+        if self.lane_fwht and not self.fused:
+            raise ValueError("GluonVariant.lane_fwht: the butterflies are a fused variant's (fused=True)")
         if self.fused and (self.stages or self.keys not in ("dequant", "mma", "mma_magic")):
             raise ValueError("GluonVariant.fused takes the step's other parts into the register path (stages 0, keys "
                              "'dequant' or 'mma')")
@@ -465,6 +479,18 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnkxv", **_LEAN_FUSED, keys="mma", open_share=True, l2_prefetch=1),
         GluonVariant("dnp_r128fslwnpv", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1),
         GluonVariant("dnp_r128fslwnpxv", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1),
+        # session 42: single requests again, now that the separate merge reads only the non-empty
+        # splits' rows (``merge_one_pass``, up to 256 partials): the paper default with at least 4 / 8
+        # sealed tiles per program on a one-wave grid of 255 splits (``--gluon-waves 15.5
+        # --gluon-max-splits 255``), so a short request leaves the grid's last programs empty
+        GluonVariant("dnp_r128fslwnkvm4", **_LEAN_FUSED, keys="mma", l2_prefetch=1, min_tiles=4),
+        GluonVariant("dnp_r128fslwnkvm8", **_LEAN_FUSED, keys="mma", l2_prefetch=1, min_tiles=8),
+        # ... and the four defaults with the butterflies in their own layout (``lane_fwht``, suffix h)
+        GluonVariant("dnp_r128fslwnkvh", **_LEAN_FUSED, keys="mma", l2_prefetch=1, lane_fwht=True),
+        GluonVariant("dnp_r128fslwnkxvh", **_LEAN_FUSED, keys="mma", open_share=True, l2_prefetch=1, lane_fwht=True),
+        GluonVariant("dnp_r128fslwnpvh", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1, lane_fwht=True),
+        GluonVariant("dnp_r128fslwnpxvh", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1,
+                     lane_fwht=True),
     )
 }
 #: With ``GluonVariant.lazy_rescale``: how far (log2 units) a tile's logits may exceed the running
@@ -635,6 +661,13 @@ if gl is not None:
     _PAGE_U2 = gl.constexpr(_page_u_asm(3))
     _PAGE_U4 = gl.constexpr(_page_u_asm(15))
     _PAGE_GROUP = gl.constexpr(_PAGE_GROUP_ASM)
+    # ``_lane_xor``: each lane takes the value of the same register of lane ``laneid ^ M`` (a butterfly
+    # shuffle; every lane of the warp runs it, ``_fwht_rows`` is never under divergent control flow)
+    _SHFL1 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;")
+    _SHFL2 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 2, 0x1f, -1;")
+    _SHFL4 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 4, 0x1f, -1;")
+    _SHFL8 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 8, 0x1f, -1;")
+    _SHFL16 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 16, 0x1f, -1;")
 
     @gluon.jit
     def _pair_operands(x, i, BITS: gl.constexpr):
@@ -1562,6 +1595,60 @@ if gl is not None:
                                               sm_scale_log2, H, D, BITS, P, BLOCK_T, BLOCK_H, MMA, LLOAD, t_min, WINDOW)
         return m_i, l_i, acc
 
+    @gluon.constexpr_function
+    def _fwht_layout(ROWS, D):
+        """The layout ``_fwht_rows`` works in, for ``[ROWS, D]`` fp32 in one warp: each lane holds
+        ``R = ROWS * D / 32`` consecutive elements of one row (the index bits below ``log2 R`` in
+        registers), lane ``l`` the elements ``(l % (32 / ROWS)) * R ...`` of row ``l // (32 / ROWS)``:
+        lane bit ``i`` is index bit ``log2 R + i``, so the butterflies over the upper bits are lane
+        shuffles and the lower ones register arithmetic, with no layout conversion in between."""
+        return gl.BlockedLayout([1, ROWS * D // 32], [ROWS, 32 // ROWS], [1, 1], [1, 0])
+
+    @gluon.jit
+    def _lane_xor(x, M: gl.constexpr):
+        """``x`` of lane ``laneid ^ M``, register for register (one SHFL.BFLY per register)."""
+        if M == 1:
+            asm: gl.constexpr = _SHFL1
+        elif M == 2:
+            asm: gl.constexpr = _SHFL2
+        elif M == 4:
+            asm: gl.constexpr = _SHFL4
+        elif M == 8:
+            asm: gl.constexpr = _SHFL8
+        else:
+            gl.static_assert(M == 16, "_lane_xor: a lane mask of 1, 2, 4, 8 or 16")
+            asm: gl.constexpr = _SHFL16
+        return gl.inline_asm_elementwise(asm, "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _fwht_lanes(x, ROWS: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr, SHIFT: gl.constexpr):
+        """``_fwht_rows`` (the same additions in the same order, so the same bits) without its layout
+        conversion per stage (``GluonVariant.lane_fwht``). Runs in ``_fwht_layout(ROWS, D)`` (``x`` converted into it once; the result is in it): a
+        stage over an index bit held in registers splits the register pairs (no data movement), a
+        stage over a lane bit takes the partner's value by one lane shuffle per register and makes
+        ``a + b`` (the lower index) or ``a - b`` (the upper) as ``x * sign + partner``: ``x * sign``
+        is exact, so the one rounding is the addition's, the reference's bits. (Session 42: sm_90 SASS of
+        the fused paper default, ~1100 fewer instructions per program for the query rotation and the
+        partial's inverse rotation, ~730 of them the query's: a seventh of a single request's
+        per-program work at 8 tiles.)"""
+        LF: gl.constexpr = _fwht_layout(ROWS, D)
+        R: gl.constexpr = ROWS * D // 32
+        LOG2R: gl.constexpr = 0 if R == 1 else (1 if R == 2 else (2 if R == 4 else (3 if R == 8 else (
+            4 if R == 16 else (5 if R == 32 else (6 if R == 64 else 7))))))
+        gl.static_assert((1 << LOG2R) == R, "_fwht_rows: ROWS * D / 32 elements per lane, a power of two <= 128")
+        x = gl.convert_layout(x, LF)
+        o_c = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, LF)), 0)
+        for j in gl.static_range(LOG2D):  # stage j: index bit (j + SHIFT) % LOG2D (compile-time values)
+            if (j + SHIFT) % LOG2D < LOG2R:
+                y = gl.reshape(x, [ROWS, D // (2 << ((j + SHIFT) % LOG2D)), 2, 1 << ((j + SHIFT) % LOG2D)])
+                a, b = gl.split(gl.permute(y, [0, 1, 3, 2]))
+                y = gl.permute(gl.join(a + b, a - b), [0, 1, 3, 2])
+                x = gl.convert_layout(gl.reshape(y, [ROWS, D]), LF, assert_trivial=True)
+            else:
+                sign = gl.where(((o_c >> ((j + SHIFT) % LOG2D)) & 1) == 0, 1.0, -1.0).to(gl.float32)
+                x = x * sign + _lane_xor(x, 1 << ((j + SHIFT) % LOG2D - LOG2R))
+        return x
+
     @gluon.jit
     def _fwht_rows(x, ROWS: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr, SHIFT: gl.constexpr):
         """Unnormalized Sylvester butterfly over the last dim of an fp32 ``[ROWS, D]`` tensor: the
@@ -1586,14 +1673,19 @@ if gl is not None:
 
     @gluon.jit
     def _rotated_rows(ptr, row0, stride_r, o_r, m_r, rot, D: gl.constexpr, LOG2D: gl.constexpr, ROWS: gl.constexpr,
-                      ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, MASKED: gl.constexpr, LROW: gl.constexpr):
+                      ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, MASKED: gl.constexpr, LROW: gl.constexpr,
+                      LANES: gl.constexpr = False):
         """Rows ``o_r`` (masked by ``m_r``) of ``ptr + row0``, row stride ``stride_r``, as fp32
         ``[ROWS, D]`` in ``LROW``, Walsh-Hadamard rotated and normalized when ROTATE (with MASKED only
-        the rows whose ``rot`` flag is set: ``common.load_rotated``)."""
+        the rows whose ``rot`` flag is set: ``common.load_rotated``); LANES: by ``_fwht_lanes`` (the
+        same bits)."""
         o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
         x = gl.load(ptr + row0 + o_r[:, None] * stride_r + o_d[None, :], mask=m_r[:, None], other=0.0).to(gl.float32)
         if ROTATE:
-            x_rot = gl.convert_layout(_fwht_rows(x, ROWS, D, LOG2D, 0), LROW) * INV_SQRT_D
+            if LANES:
+                x_rot = gl.convert_layout(_fwht_lanes(x, ROWS, D, LOG2D, 0), LROW) * INV_SQRT_D
+            else:
+                x_rot = gl.convert_layout(_fwht_rows(x, ROWS, D, LOG2D, 0), LROW) * INV_SQRT_D
             if MASKED:
                 x = gl.where(rot[:, None], x_rot, x)
             else:
@@ -1603,7 +1695,7 @@ if gl is not None:
     @gluon.jit
     def _new_rows(new_k_ptr, new_v_ptr, krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, D: gl.constexpr,
                   LOG2D: gl.constexpr, ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr,
-                  LROW: gl.constexpr):
+                  LROW: gl.constexpr, LANES: gl.constexpr = False):
         """The new token's K and V of KV head ``i_h`` of request ``i_b``, rotated as stored (the key
         only where head ``i_h``'s keys are, with KEY_MASK): fp32 ``[1, D]`` each in ``LROW``."""
         o_1 = gl.arange(0, 1, layout=gl.SliceLayout(1, LROW))
@@ -1612,15 +1704,15 @@ if gl is not None:
         if KEY_MASK:
             r_1 = gl.load(krot_ptr + i_h + o_1) != 0
         b_k = _rotated_rows(new_k_ptr, i_b * stride_kb + i_h * stride_kh, 0, o_1, m_1, r_1, D, LOG2D, 1, ROTATE,
-                            INV_SQRT_D, KEY_MASK, LROW)
+                            INV_SQRT_D, KEY_MASK, LROW, LANES)
         b_v = _rotated_rows(new_v_ptr, i_b * stride_vb + i_h * stride_vh, 0, o_1, m_1, m_1, D, LOG2D, 1, ROTATE,
-                            INV_SQRT_D, False, LROW)
+                            INV_SQRT_D, False, LROW, LANES)
         return b_k, b_v
 
     @gluon.jit
     def _layer_key_sumsq(new_k_ptr, krot_ptr, i_b, stride_kb, stride_kh, H: gl.constexpr, D: gl.constexpr,
                          LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr, ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr,
-                         KEY_MASK: gl.constexpr, LROW: gl.constexpr):
+                         KEY_MASK: gl.constexpr, LROW: gl.constexpr, LANES: gl.constexpr = False):
         """The sum of squares of every head's new key of request ``i_b`` as stored (the layer norm's
         s_t squared), HC heads at a time (registers)."""
         HC: gl.constexpr = min(BLOCK_HK, 8)
@@ -1632,7 +1724,7 @@ if gl is not None:
             if KEY_MASK:
                 r_h = gl.load(krot_ptr + o_h, mask=m_h, other=1) != 0
             b_ka = _rotated_rows(new_k_ptr, i_b * stride_kb, stride_kh, o_h, m_h, r_h, D, LOG2D, HC, ROTATE, INV_SQRT_D,
-                                 KEY_MASK, LROW)
+                                 KEY_MASK, LROW, LANES)
             ss += gl.sum(gl.sum(b_ka * b_ka, axis=1), axis=0)
         return ss
 
@@ -1640,7 +1732,8 @@ if gl is not None:
     def _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr, krot_ptr, i_b,
                      i_h, stride_kb, stride_kh, stride_vb, stride_vh, H: gl.constexpr, D: gl.constexpr,
                      P: gl.constexpr, S: gl.constexpr, LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr,
-                     ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr, LROW: gl.constexpr):
+                     ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr, LROW: gl.constexpr,
+                     LANES: gl.constexpr = False):
         """The write of KV head ``i_h`` of request ``i_b`` (``common.write_token``, the same values):
         its new K/V rotated into its staging slot as BF16 and, with the layer norm scope (S == 1) by
         the program of head 0, s_t over every head's key as stored. Padding slots (page 0, mapped to
@@ -1651,7 +1744,7 @@ if gl is not None:
         stg = gl.load(p2s_ptr + page).to(gl.int64)
         if stg >= 0:
             b_k, b_v = _new_rows(new_k_ptr, new_v_ptr, krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, D,
-                                 LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, LROW)
+                                 LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, LROW, LANES)
             o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LROW))
             o_stg = ((stg * H + i_h) * P + slot) * D + o_d[None, :]
             gl.store(stg_k_ptr + o_stg, b_k.to(gl.bfloat16))
@@ -1660,7 +1753,7 @@ if gl is not None:
             if S == 1:
                 if i_h == 0:  # the layer norm needs every head's rotated key
                     b_s = gl.sqrt_rn(_layer_key_sumsq(new_k_ptr, krot_ptr, i_b, stride_kb, stride_kh, H, D, LOG2D,
-                                                      BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LROW))
+                                                      BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LROW, LANES))
                     gl.store(p_scale, gl.where(b_s > 0.0, b_s, 1.0))
             elif S > 1:
                 b_s = gl.sqrt_rn(gl.sum(gl.sum(b_k * b_k, axis=1), axis=0))
@@ -1671,19 +1764,19 @@ if gl is not None:
                            i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H: gl.constexpr, D: gl.constexpr,
                            P: gl.constexpr, S: gl.constexpr, LOG2D: gl.constexpr, BLOCK_HK: gl.constexpr,
                            ROTATE: gl.constexpr, INV_SQRT_D: gl.constexpr, KEY_MASK: gl.constexpr,
-                           LROW: gl.constexpr):
+                           LROW: gl.constexpr, LANES: gl.constexpr = False):
         """``_fused_write`` (the same values and stores) with its loads issued together
         (``GluonVariant.early_loads``): the slot's lookup (new_loc -> page_to_staging: ``stg``,
         ``slot``) was issued at the program's start, and the new K/V (and, the layer norm's program,
         every head's key) do not wait for it; the stores are masked by it (padding slots, mapped to
         no staging slot, are not written)."""
         b_k, b_v = _new_rows(new_k_ptr, new_v_ptr, krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, D,
-                             LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, LROW)
+                             LOG2D, ROTATE, INV_SQRT_D, KEY_MASK, LROW, LANES)
         ss = gl.sum(gl.sum(b_k * 0.0, axis=1), axis=0)
         if S == 1:
             if i_h == 0:  # the layer norm needs every head's rotated key
                 ss = _layer_key_sumsq(new_k_ptr, krot_ptr, i_b, stride_kb, stride_kh, H, D, LOG2D, BLOCK_HK, ROTATE,
-                                      INV_SQRT_D, KEY_MASK, LROW)
+                                      INV_SQRT_D, KEY_MASK, LROW, LANES)
         elif S > 1:
             ss = gl.sum(gl.sum(b_k * b_k, axis=1), axis=0)
         b_s = gl.sqrt_rn(ss)
@@ -1778,7 +1871,7 @@ if gl is not None:
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
         EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0, L2PF: gl.constexpr = 0, PDL: gl.constexpr = False,
-        LAUNCH_DEPENDENTS: gl.constexpr = False,
+        LAUNCH_DEPENDENTS: gl.constexpr = False, LANE_FWHT: gl.constexpr = False,
     ):  # fmt: skip
         if LAUNCH_DEPENDENTS:  # the merge launch after this one is its programmatic dependent (merge_pdl)
             _gdc_launch_dependents(gl.program_id(0))
@@ -1812,25 +1905,33 @@ if gl is not None:
             # the query rotation, fused: every program of (b, h) rotates the GROUP query heads of KV
             # head h (identical values, so the concurrent stores of the splits agree) and reads them
             # back below in the orders its tiles want; KEY_MASK: rotated only if head h's keys are
-            o_g = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LLOAD))
+            if LANE_FWHT:
+                # (GluonVariant.lane_fwht: BLOCK_G rows, not the MMA's BLOCK_H, the padding rows never
+                # read; loaded, rotated and stored in the butterfly's own layout: no layout conversion)
+                QROWS: gl.constexpr = BLOCK_G
+                LQR: gl.constexpr = _fwht_layout(BLOCK_G, D)
+            else:
+                QROWS: gl.constexpr = BLOCK_H
+                LQR: gl.constexpr = LLOAD
+            o_g = gl.arange(0, QROWS, layout=gl.SliceLayout(1, LQR))
             m_g = o_g < GROUP
             r_g = m_g
             if KEY_MASK:
                 r_g = gl.load(krot_ptr + i_h + o_g * 0) != 0
             b_qr = _rotated_rows(q_ptr, i_b * stride_qb + (i_h * GROUP) * stride_qh, stride_qh, o_g, m_g, r_g, D, LOG2D,
-                                 BLOCK_H, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD)
-            o_qd = gl.arange(0, D, layout=gl.SliceLayout(0, LLOAD))
+                                 QROWS, ROTATE, INV_SQRT_D, KEY_MASK, LQR, LANE_FWHT)
+            o_qd = gl.arange(0, D, layout=gl.SliceLayout(0, LQR))
             gl.store(qrot_ptr + ((i_b * H + i_h) * GROUP + o_g)[:, None] * D + o_qd[None, :], b_qr, mask=m_g[:, None])
         if WRITE:
             if i_s == n_split:  # the program that reads the open page writes the new token into it
                 if EARLY:
                     _fused_write_early(new_k_ptr, new_v_ptr, stg_w, slot_w, stg_k_ptr, stg_v_ptr, stg_scale_ptr,
                                        krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H, D, P, S, LOG2D,
-                                       BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD)
+                                       BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD, LANE_FWHT)
                 else:
                     _fused_write(new_k_ptr, new_v_ptr, new_loc_ptr, p2s_ptr, stg_k_ptr, stg_v_ptr, stg_scale_ptr,
                                  krot_ptr, i_b, i_h, stride_kb, stride_kh, stride_vb, stride_vh, H, D, P, S, LOG2D,
-                                 BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD)
+                                 BLOCK_HK, ROTATE, INV_SQRT_D, KEY_MASK, LLOAD, LANE_FWHT)
         if ROT_Q or WRITE:
             gl.thread_barrier()  # this program's stores above are read back below
 
@@ -2091,12 +2192,20 @@ if gl is not None:
         if ROT_OUT:
             # the inverse rotation of the partial here (it is linear), so the merge launch is a weighted
             # sum only (channel-parallel); the butterfly runs over the accumulator's row order
+            # (LANE_FWHT: stored from the butterfly's layout, one layout conversion, into it)
+            if LANE_FWHT:
+                LOR: gl.constexpr = _fwht_layout(BLOCK_H, D)
+            else:
+                LOR: gl.constexpr = LLOAD
             b_ot = gl.permute(b_o, [1, 0])  # [BLOCK_H, D], column c holds channel _value_channel(c)
             if ROTATE:
-                b_ot = _fwht_rows(b_ot, BLOCK_H, D, LOG2D, 3) * INV_SQRT_D
-            b_ot = gl.convert_layout(b_ot, LLOAD)
-            o_h2 = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LLOAD))
-            o_c2 = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(0, LLOAD)), D, BITS)
+                if LANE_FWHT:
+                    b_ot = _fwht_lanes(b_ot, BLOCK_H, D, LOG2D, 3) * INV_SQRT_D
+                else:
+                    b_ot = _fwht_rows(b_ot, BLOCK_H, D, LOG2D, 3) * INV_SQRT_D
+            b_ot = gl.convert_layout(b_ot, LOR)
+            o_h2 = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LOR))
+            o_c2 = _value_channel(gl.arange(0, D, layout=gl.SliceLayout(0, LOR)), D, BITS)
             o_part2 = ((i_b * H + i_h) * GROUP + o_h2) * (n_split + 1) + i_s
             gl.store(part_o_ptr + o_part2[:, None] * D + o_c2[None, :], b_ot, mask=(o_h2 < GROUP)[:, None])
         else:

@@ -205,6 +205,14 @@ def make_gl(ctx):
             ctx["l2_prefetched"] += off.size
             return T(np.zeros(off.shape, np.int32))
         args = [_a(x) for x in args]
+        if asm.startswith("shfl.sync.bfly"):  # _lane_xor inside _fwht_lanes, whose layout (_fwht_layout) holds
+            # ROWS * D / 32 = size / 32 consecutive elements of a row per lane: lane bit i is bit
+            # log2(size / 32) + i of the last axis' index, so the partner differs in that index bit
+            x = np.asarray(args[0])
+            m = int(re.match(r"shfl\.sync\.bfly\.b32 \$0, \$1, (\d+),", asm).group(1))
+            bit = (x.size // 32).bit_length() - 1 + m.bit_length() - 1
+            idx = np.arange(x.shape[-1]) ^ (1 << bit)
+            return T(x[..., idx].copy())
         if asm.startswith("prmt"):
             a, b = (x.astype(np.int64) & 0xFFFFFFFF for x in args)
             r = (a & 0xFFFF) | ((b & 0xFFFF) << 16) if "0x5410" in asm else (a >> 16) | ((b >> 16) << 16)
@@ -295,6 +303,11 @@ def make_gl(ctx):
     gl.SwizzledSharedLayout = lambda vec, per_phase, max_phase, order, **k: types.SimpleNamespace(order=list(order))
     gl.DistributedLinearLayout = lambda *a, **k: None
     gl.static_range = range
+
+    def static_assert(cond, msg=""):
+        assert cond, msg
+
+    gl.static_assert = static_assert
     gl.thread_barrier = lambda: None
     gl.allocate_shared_memory = lambda dt, shape, layout: Smem(np.zeros(shape, dtype=_NP[dt.name]))
     ctx["copies"] = {"open": [], "groups": []}
@@ -412,8 +425,11 @@ def kernel_functions(ctx):
     g["_PAGE_ASM2"], g["_PAGE_ASM4"] = G._PAGE_ASM2.value, G._PAGE_ASM4.value
     g["_PAGE_U2"], g["_PAGE_U4"], g["_PAGE_GROUP"] = G._PAGE_U2.value, G._PAGE_U4.value, G._PAGE_GROUP.value
     g["_LAZY_TAU"] = G._LAZY_TAU.value
+    for n in ("_SHFL1", "_SHFL2", "_SHFL4", "_SHFL8", "_SHFL16"):
+        g[n] = getattr(G, n).value
+    g["_fwht_layout"] = lambda rows, d: None  # layouts do not exist here
     names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_key_param_pairs_spread", "_page_group_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_l2_prefetch", "_l2_prefetch_tile", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
-             "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_fwht_rows", "_rotated_rows",
+             "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_lane_xor", "_fwht_lanes", "_fwht_rows", "_rotated_rows",
              "_new_rows", "_layer_key_sumsq", "_fused_write", "_fused_write_early", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
