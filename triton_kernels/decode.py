@@ -741,9 +741,12 @@ GLUON_SHARE_MIN_TAIL = 0.05
 #: (the same name with the suffix ``h``: the query rotation, the partial's inverse rotation and the
 #: write's butterflies in a layout of their own, lane shuffles for the upper index bits; the same
 #: bits, ~1100 fewer instructions per program, and another ptxas schedule of the sealed-tile loop).
-#: Session 42, H100, whole steps side by side with the plain form, paper format
-#: (benches/results/kernels_s42/): 128 pairs 0.994x, 256-512 pairs 0.971-0.977x the time (INT2 and
-#: INT4); 64 pairs 1.002-1.011x, 32 pairs 1.027-1.030x, 16 pairs 1.037-1.095x.
+#: Session 42, two H100s, whole steps side by side with the plain form, outputs bit-identical
+#: (benches/results/kernels_s42/, calls C and E): paper format, INT2 and INT4, 128 pairs 0.994-0.997x
+#: the time, 256-512 pairs 0.965-0.978x, 768 pairs 0.917-0.972x, 1024 pairs 0.939-0.973x; the
+#: server's page-grid format 0.985-0.993x at 128 pairs, 0.936-0.972x at 256-1024; 64 pairs
+#: 1.001-1.020x (the plain form kept), and (call B, the lane form everywhere) 32 pairs 1.027-1.030x,
+#: 16 pairs 1.037-1.095x.
 GLUON_LANE_FWHT_PAIRS = 128
 
 

@@ -224,9 +224,10 @@ class GluonVariant:
             the MMA's padded ``BLOCK_H``. The same bits (sm_90 SASS of the fused paper default, the
             whole step: 6304 -> 4800 instructions, ~1100 fewer per program, shared memory 4 -> 1 KB).
             ptxas then schedules the sealed-tile loop differently (the same instructions, the value
-            loads ~100 places earlier), which shows in the time: session 42, H100, the paper
-            defaults' whole steps side by side, 2.3-2.9 % less time at 32-64 requests, 0.6 % at 16,
-            but 2.7-9.5 % more at 2-4 (benches/results/kernels_s42/).
+            loads ~100 places earlier), which shows in the time: session 42, H100, whole steps side
+            by side with the plain forms, 0.3-8.3 % less time at 16-128 requests at 8 KV heads (both
+            formats, INT2 and INT4), but 2.7-9.5 % more at 2-4 (benches/results/kernels_s42/): the
+            launcher's rule (``decode.GLUON_LANE_FWHT_PAIRS``).
     """
 
     name: str
