@@ -663,7 +663,7 @@ if gl is not None:
     _PAGE_U4 = gl.constexpr(_page_u_asm(15))
     _PAGE_GROUP = gl.constexpr(_PAGE_GROUP_ASM)
     # ``_lane_xor``: each lane takes the value of the same register of lane ``laneid ^ M`` (a butterfly
-    # shuffle; every lane of the warp runs it, ``_fwht_rows`` is never under divergent control flow)
+    # shuffle; every lane of the warp runs it: ``_fwht_lanes`` is never under divergent control flow)
     _SHFL1 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;")
     _SHFL2 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 2, 0x1f, -1;")
     _SHFL4 = gl.constexpr("shfl.sync.bfly.b32 $0, $1, 4, 0x1f, -1;")
@@ -1598,7 +1598,7 @@ if gl is not None:
 
     @gluon.constexpr_function
     def _fwht_layout(ROWS, D):
-        """The layout ``_fwht_rows`` works in, for ``[ROWS, D]`` fp32 in one warp: each lane holds
+        """The layout ``_fwht_lanes`` works in, for ``[ROWS, D]`` fp32 in one warp: each lane holds
         ``R = ROWS * D / 32`` consecutive elements of one row (the index bits below ``log2 R`` in
         registers), lane ``l`` the elements ``(l % (32 / ROWS)) * R ...`` of row ``l // (32 / ROWS)``:
         lane bit ``i`` is index bit ``log2 R + i``, so the butterflies over the upper bits are lane
@@ -1624,19 +1624,19 @@ if gl is not None:
     @gluon.jit
     def _fwht_lanes(x, ROWS: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr, SHIFT: gl.constexpr):
         """``_fwht_rows`` (the same additions in the same order, so the same bits) without its layout
-        conversion per stage (``GluonVariant.lane_fwht``). Runs in ``_fwht_layout(ROWS, D)`` (``x`` converted into it once; the result is in it): a
-        stage over an index bit held in registers splits the register pairs (no data movement), a
-        stage over a lane bit takes the partner's value by one lane shuffle per register and makes
-        ``a + b`` (the lower index) or ``a - b`` (the upper) as ``x * sign + partner``: ``x * sign``
-        is exact, so the one rounding is the addition's, the reference's bits. (Session 42: sm_90 SASS of
-        the fused paper default, ~1100 fewer instructions per program for the query rotation and the
-        partial's inverse rotation, ~730 of them the query's: a seventh of a single request's
-        per-program work at 8 tiles.)"""
+        conversion per stage (``GluonVariant.lane_fwht``). Runs in ``_fwht_layout(ROWS, D)`` (``x``
+        converted into it once; the result is in it): a stage over an index bit held in registers
+        splits the register pairs (no data movement), a stage over a lane bit takes the partner's
+        value by one lane shuffle per register and makes ``a + b`` (the lower index) or ``a - b`` (the
+        upper) as ``x * sign + partner``: ``x * sign`` is exact, so the one rounding is the
+        addition's, the reference's bits. (Session 42: sm_90 SASS of the fused paper default, ~1100
+        fewer instructions per program for the query rotation and the partial's inverse rotation,
+        ~730 of them the query's: a seventh of a single request's per-program work at 8 tiles.)"""
         LF: gl.constexpr = _fwht_layout(ROWS, D)
         R: gl.constexpr = ROWS * D // 32
         LOG2R: gl.constexpr = 0 if R == 1 else (1 if R == 2 else (2 if R == 4 else (3 if R == 8 else (
             4 if R == 16 else (5 if R == 32 else (6 if R == 64 else 7))))))
-        gl.static_assert((1 << LOG2R) == R, "_fwht_rows: ROWS * D / 32 elements per lane, a power of two <= 128")
+        gl.static_assert((1 << LOG2R) == R, "_fwht_lanes: ROWS * D / 32 elements per lane, a power of two <= 128")
         x = gl.convert_layout(x, LF)
         o_c = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(0, LF)), 0)
         for j in gl.static_range(LOG2D):  # stage j: index bit (j + SHIFT) % LOG2D (compile-time values)
