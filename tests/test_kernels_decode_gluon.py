@@ -1174,3 +1174,183 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
     # the lean INT2 default's rounding (LEAN_BOUND; H100, session 28: 6.8e-3 at 64 requests, INT2)
     assert err < _bound(tune.gluon_variant, bits, 1e-3), \
         f"default ({tune.gluon_variant}, {splits} splits) vs Triton step: relative RMS {err:.2e}"
+
+
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@_needs_interpreter
+@pytest.mark.parametrize("bits,fmt,long_min,variant", [(2, None, 250, ""), (4, None, 1, ""), (2, "page", 250, ""),
+                                                       (4, None, 10**6, "dnp_r128fslwnkv")])
+def test_long_requests_take_a_gluon_launch_of_their_own_on_the_cpu(bits, fmt, long_min, variant):
+    """``_DecodeTuning.long_gluon``: the launcher's step (its own code; the Gluon launch's source in
+    the numpy stand-in, the Triton stage 1 and the merge in the interpreter) hands the requests of at
+    least ``long_min`` tokens to a Gluon launch at another split count than the Triton one's, in one
+    workspace: the long requests' outputs are the Gluon step's, the short ones' the Triton step's
+    (1e-6: the merge's block is wider), the staged keys and values the Triton step's bits; every
+    request on either side (long_min 1 and 10**6), both formats, the default (lane) and plain forms."""
+    same, err_long, err_short, splits = _numpy_check_module().check_dual(
+        bits, variant, long_min, fmt=INT2_FORMAT if fmt else None, lens=(300, 1000, 97, 64))
+    assert same, "the dual step staged other bits than the Triton step's"
+    assert splits[0] != splits[1], splits
+    assert err_long < 1e-6, f"long requests vs the Gluon step: relative RMS {err_long:.2e}"
+    assert err_short < 1e-6, f"short requests vs the Triton step: relative RMS {err_short:.2e}"
+
+
+def test_long_gluon_refuses_what_it_cannot_run(nan_empty):
+    """``long_gluon`` names what it does not take before any launch: a negative or non-integer token
+    count, with the Gluon stage 1 itself (``gluon``), an unfused long variant, an unknown one; the
+    two-count merge refuses the rotated-basis merge and a short count outside the rows."""
+    cfg = OscarConfig(bits=2, page_size=128)
+    pool = build_pool(cfg, h=2, d=128, p=128, lens=[300, 40], device=torch.device("cpu"), seed=3)
+    q = torch.randn(2, 8, 128).bfloat16()
+    for tune, err, match in ((dict(long_gluon=-1), ValueError, "token count"),
+                             (dict(long_gluon=2.5), ValueError, "token count"),
+                             (dict(long_gluon=100, gluon=True), ValueError, "Triton stage 1 only"),
+                             (dict(long_gluon=100, long_variant="regs1"), ValueError, "fused Gluon variant"),
+                             (dict(long_gluon=100, long_variant="nope"), ValueError, "nope")):
+        gluon = tune.pop("gluon", False)
+        with pytest.raises(err, match=match):
+            _decode(pool, q, gluon=gluon, tune=tune)
+    part_o = torch.zeros(1, 4, 9, 128)
+    part_lse = torch.zeros(1, 4, 9)
+    lens = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="n_short"):
+        kdecode.merge_launch(part_o, part_lse, torch.empty(1, 4, 128), dual=(lens, 3, 10))
+    with pytest.raises(ValueError, match="rotated-basis"):
+        kdecode.merge_launch(part_o, part_lse, torch.empty(1, 4, 128), rotation=True, dual=(lens, 3, 4))
+
+
+def test_single_requests_hand_long_ones_to_the_gluon_stage_1(monkeypatch):
+    """The launcher's rule: below the Gluon default's pairs (a single request at 8 KV heads) where
+    the Gluon stage 1 can run (sm_90, Triton 3.6's Gluon, a format and shape it reads), the Triton
+    stage 1 with ``spread_open`` keeps the requests shorter than ``LONG_GLUON_TOKENS`` and hands the
+    others to a Gluon launch at ``long_waves`` programs per SM (197 splits on 132 SMs); the
+    workspace holds the larger count (``decode_num_splits``). Not with OSCAR_SGL_GLUON_DECODE=0,
+    elsewhere than sm_90, nor at head_dim 256; from 16 pairs the Gluon default as before."""
+    monkeypatch.delenv(kdecode.GLUON_DEFAULT_ENV, raising=False)
+    monkeypatch.setattr(gluon_decode, "gluon_available", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(multi_processor_count=132, major=9, minor=0))
+    assert kdecode.LONG_GLUON_TOKENS > 0
+    for key_page, fmt in ((False, dict(k_group=32, v_group=32)), (True, dict(k_group=16, v_group=64))):
+        for bits in (2, 4):
+            t = kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=bits, key_page=key_page,
+                                       device=torch.device("cuda"), **fmt)
+            assert not t.gluon and t.spread_open == kdecode.SPREAD_OPEN, (key_page, bits)
+            assert t.long_gluon == kdecode.LONG_GLUON_TOKENS and t.long_variant == "" and t.long_waves == 12.0
+            assert kdecode.pick_num_splits(1, 8, waves=t.waves) == 128
+            assert kdecode.long_gluon_splits(t, 1, 8) == 197 == kdecode.tuning_num_splits(t, 1, 8)
+            layer = types.SimpleNamespace(bits=bits, k_ranges=object() if key_page else None, **fmt)
+            assert kdecode.decode_num_splits(1, 8, 128, 128, layer=layer, num_q_heads=32, device="cuda") == 197
+            t2 = kdecode._launch_tuning(2, 8, 128, 128, group=4, bits=bits, key_page=key_page,
+                                        device=torch.device("cuda"), **fmt)
+            assert t2.gluon and t2.long_gluon == 0
+    t = kdecode._launch_tuning(1, 8, 256, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                               device=torch.device("cuda"))
+    assert t.long_gluon == 0  # head_dim 256: the Gluon stage 1 does not read it
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    t = kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                               device=torch.device("cuda"))
+    assert t.long_gluon == 0 and t.spread_open == kdecode.SPREAD_OPEN
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setenv(kdecode.GLUON_DEFAULT_ENV, "0")
+    t = kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                               device=torch.device("cuda"))
+    assert t.long_gluon == 0
+    monkeypatch.setenv(kdecode.GLUON_DEFAULT_ENV, "1")
+    monkeypatch.setattr(kdecode, "LONG_GLUON_TOKENS", 0)
+    t = kdecode._launch_tuning(1, 8, 128, 128, group=4, bits=2, k_group=32, v_group=32, key_page=False,
+                               device=torch.device("cuda"))
+    assert t.long_gluon == 0 and kdecode.tuning_num_splits(t, 1, 8) == 128
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits,key_page", [(2, False), (4, False), (2, True), (4, True)])
+def test_long_gluon_step_equals_each_launch_alone(bits, key_page, nan_empty):
+    """``long_gluon`` on the GPU (the Gluon launch a programmatic dependent of the Triton one): the
+    requests of at least 1000 tokens get the output of the Gluon step alone at the same split count,
+    the others that of the Triton step alone (separate merge), both within 1e-6 (the merge's wider
+    block); the staged new tokens are the Triton step's bits (the padding request's token nowhere)."""
+    cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT) if key_page else OscarConfig(bits=bits, page_size=128)
+    lens = (3000, 300, 1500, 999, 64)
+    dual = dict(long_gluon=1000, long_waves=24.0)
+    a, out_dual = _step_with_write(cfg, gluon=False, lens=lens, tune=dual)
+    b, out_tri = _step_with_write(cfg, gluon=False, lens=lens, tune=dict(fused_merge=False))
+    variant = kdecode.gluon_lane_form(kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT,
+                                      kdecode.GLUON_LANE_FWHT_PAIRS)
+    t = dataclasses.replace(kdecode._default_tuning(len(lens), 8, 128, 128), **dual)
+    _, out_glu = _step_with_write(cfg, gluon=True, lens=lens, tune=dict(
+        gluon_variant=variant, waves=24.0, resident=kdecode.GLUON_RESIDENT, fused_merge=False,
+        block_n=kdecode.gluon_block_n(32, cfg.k_group, key_page)))
+    assert kdecode.long_gluon_splits(t, len(lens), 8) != kdecode.pick_num_splits(len(lens), 8, waves=t.waves)
+    long = torch.tensor([n >= 1000 for n in lens[:-1]] + [False], device="cuda")
+    assert rel_rms(out_dual[long], out_glu[long]) < 1e-6
+    assert rel_rms(out_dual[~long], out_tri[~long]) < 1e-6
+    assert torch.equal(a.layer.staging_k.view(torch.int16), b.layer.staging_k.view(torch.int16))
+    assert torch.equal(a.layer.staging_v.view(torch.int16), b.layer.staging_v.view(torch.int16))
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+def test_long_gluon_replays_across_its_threshold_from_one_cuda_graph(bits, nan_empty):
+    """One CUDA graph of a ``long_gluon`` step serves both sides of its threshold: captured with every
+    request short, replayed for a step where the first request reaches ``long_gluon`` tokens (and a
+    step back below it), it gives what eager launches give (outputs and staged bytes): the choice is
+    the device's, per request."""
+    p, h, g, d = 128, 8, 4, 128
+    cfg = OscarConfig(bits=bits, page_size=p)
+    lens = [1000, 300, 129]
+    tune = dict(long_gluon=1002, long_waves=24.0)
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens, device=torch.device("cuda"), seed=22) for _ in range(2)]
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    shift = (1, 2, 1)  # tokens after the cached ones: request 0 at 1001 (short), 1002 (long), 1001
+    steps = [(torch.randn(3, h * g, d, device="cuda", generator=gen).bfloat16(),
+              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16(),
+              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16()) for _ in shift]
+
+    def slots(pool, n_tokens):
+        last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(3)]
+        return torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last, n_tokens)], device="cuda")
+
+    def step(pool, q, **kw):
+        tuning = dataclasses.replace(kdecode._default_tuning(3, h, d, p), **tune)
+        return oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr,
+                                      kv_page_indices=pool.kv_page_indices, seq_lens=pool.seq_lens,
+                                      sm_scale=1.0 / math.sqrt(d), _tuning=tuning, **kw)
+
+    eager = []
+    for (q, k_new, v_new), s in zip(steps, shift):
+        n_tokens = [n + s for n in lens]
+        pools[0].seq_lens = torch.tensor(n_tokens, dtype=torch.int32, device="cuda")
+        eager.append(step(pools[0], q, out=torch.empty(q.shape, device="cuda"), new_k=k_new, new_v=v_new,
+                          new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale))
+    pool = pools[1]
+    q_s, k_s, v_s = (t.clone() for t in steps[0])
+    loc_s = slots(pool, [n + 1 for n in lens])
+    pool.seq_lens = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device="cuda")
+    out_s = torch.empty(q_s.shape, device="cuda")
+    n = kdecode.tuning_num_splits(dataclasses.replace(kdecode._default_tuning(3, h, d, p), **tune), 3, h)
+    ws = kdecode.decode_workspace(3, h * g, h, d, n, "cuda")
+    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, workspace=ws)
+    step(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(pool, q_s, **kw)
+    for i, ((q, k_new, v_new), s) in enumerate(zip(steps, shift)):
+        n_tokens = [n + s for n in lens]
+        q_s.copy_(q)
+        k_s.copy_(k_new)
+        v_s.copy_(v_new)
+        loc_s.copy_(slots(pool, n_tokens))
+        pool.seq_lens.copy_(torch.tensor(n_tokens, dtype=torch.int32))
+        out_s.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_rms(out_s, eager[i]) < 1e-6, i
+    assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
+    assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))

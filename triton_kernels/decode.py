@@ -99,12 +99,20 @@ def _decode_stage1_kernel(
     BLOCK_HK: tl.constexpr, CHUNK: tl.constexpr,
     USE_ASM: tl.constexpr, INTERPRET: tl.constexpr, ROT_Q: tl.constexpr, WRITE: tl.constexpr, MERGE: tl.constexpr,
     TRANS: tl.constexpr, WINDOW: tl.constexpr, KEY_PAGE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False,
-    SPREAD: tl.constexpr = 0,
+    SPREAD: tl.constexpr = 0, long_min=0, part_stride=0, DUAL: tl.constexpr = False,
 ):
     # LAUNCH_DEPENDENTS: the merge launch after this one is a programmatic dependent launch
     # (``_DecodeTuning.merge_pdl``): it may be scheduled at once, and waits for this whole launch.
     if LAUNCH_DEPENDENTS:
         gdc_launch_dependents()
+    # DUAL (``_DecodeTuning.long_gluon``): this launch takes the requests shorter than ``long_min``
+    # tokens only; a longer request's programs leave at once (the Gluon launch after this one, its
+    # programmatic dependent, takes it: its programs may start as soon as these have left). The
+    # partials' rows then hold ``part_stride`` partials (the Gluon launch's count), this launch's first.
+    if DUAL:
+        tl.static_assert(not MERGE, "DUAL: the merge is a launch of its own")
+        if tl.load(seq_lens_ptr + tl.program_id(0)) >= long_min:
+            return
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh = strides
     i_b = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -262,7 +270,10 @@ def _decode_stage1_kernel(
     # Empty split (short request): lse = -inf and a zero partial, which stage 2 weighs by 0.
     has = l_i > 0.0
     b_lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    o_part = (i_b * HQ + o_hq) * (n_split + 1) + i_s
+    if DUAL:
+        o_part = (i_b * HQ + o_hq) * part_stride + i_s
+    else:
+        o_part = (i_b * HQ + o_hq) * (n_split + 1) + i_s
     if TRANS:
         b_o = acc / tl.where(has, l_i, 1.0)[None, :]
         if ROTATE and not MERGE:
@@ -312,6 +323,10 @@ def _decode_stage2_kernel(
     INV_SQRT_D: tl.constexpr = 1.0,
     PDL: tl.constexpr = False,
     ONE_PASS: tl.constexpr = 0,
+    seq_lens_ptr=None,
+    long_min=0,
+    n_short=0,
+    DUAL: tl.constexpr = False,
 ):
     # The unfused merge (``fused_merge`` off), grid (B, Hq, D / DB): one program per (request,
     # query head, DB channels), a weighted sum of partials that stage 1 already rotated back.
@@ -323,6 +338,12 @@ def _decode_stage2_kernel(
     i_b = tl.program_id(0).to(tl.int64)
     i_hq = tl.program_id(1).to(tl.int64)
     d0 = tl.program_id(2) * DB
+    n_valid = n_part
+    if DUAL:
+        # ``_DecodeTuning.long_gluon``: rows of ``n_part`` partials, of which a request shorter than
+        # ``long_min`` tokens has the Triton stage 1's first ``n_short``, a longer one all (the Gluon
+        # stage 1's)
+        n_valid = tl.where(tl.load(seq_lens_ptr + i_b) >= long_min, n_part, n_short)
     if ONE_PASS > 0:
         # ``_DecodeTuning.merge_one_pass``: every partial's log-sum-exp in one load, then the partial
         # outputs of the splits that hold any (empty splits' rows are not read: a short request's
@@ -330,7 +351,7 @@ def _decode_stage2_kernel(
         # trip for each instead of one per CHUNK of partials.
         row = (i_b * HQ + i_hq) * n_part
         o_s = tl.arange(0, ONE_PASS)
-        m_s = o_s < n_part
+        m_s = o_s < n_valid
         b_lse = tl.load(part_lse_ptr + row + o_s, mask=m_s, other=float("-inf"))
         m = tl.max(b_lse, axis=0)
         m_ref = tl.where(m == float("-inf"), 0.0, m)
@@ -341,7 +362,7 @@ def _decode_stage2_kernel(
         b_out = (tl.sum(w[:, None] * b_o, axis=0) / tl.where(l > 0.0, l, 1.0))[None, :]
     else:
         base = (i_b * HQ + i_hq) * n_part + tl.arange(0, 1)
-        b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_part, d0, 1, D, DB, CHUNK)
+        b_out = merge_partials(part_o_ptr, part_lse_ptr, base, base >= 0, n_valid, d0, 1, D, DB, CHUNK)
     if ROTATE:
         b_out = fwht_rows(b_out, 1, D, LOG2D) * INV_SQRT_D
     p_out = out_ptr + i_b * stride_ob + i_hq * stride_oh + (d0 + tl.arange(0, DB))[None, :]
@@ -354,15 +375,22 @@ ONE_PASS_MAX_PARTS = 256
 
 
 def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, rotation: bool = False,
-                 pdl: bool = False, one_pass: bool = False) -> None:
+                 pdl: bool = False, one_pass: bool = False,
+                 dual: tuple[torch.Tensor, int, int] | None = None) -> None:
     """The separate merge launch over stage 1's partials ``[B, Hq, n, D]``: rotated back already,
     or in the rotated basis with ``rotation`` (the Gluon stage 1; one program per query head then).
     ``pdl``: a programmatic dependent launch of the stage 1 launched just before it, which must have
     been launched with its dependents allowed (``_DecodeTuning.merge_pdl``; sm_90+, not in the
     interpreter). ``one_pass`` (``_DecodeTuning.merge_one_pass``; not with ``rotation``, at most
     ``ONE_PASS_MAX_PARTS`` partials): all log-sum-exps in one load, then the non-empty partials' rows
-    in one load, instead of one round trip per chunk of partials."""
+    in one load, instead of one round trip per chunk of partials. ``dual`` (``_DecodeTuning.long_gluon``:
+    ``(seq_lens, long_min, n_short)``): a request shorter than ``long_min`` tokens has ``n_short``
+    partials per row (the Triton stage 1's, the first of each row), a
+    longer one ``part_o.shape[2]`` (the Gluon stage 1's); rows of ``part_o.shape[2]`` either way."""
     b, hq, n_part, d = part_o.shape
+    if dual is not None and (rotation or not 1 <= dual[2] <= n_part):
+        raise ValueError(f"merge_launch(dual=...): not with the rotated-basis merge, and 1 <= n_short <= {n_part} "
+                         f"(got rotation={rotation}, n_short={dual[2]})")
     db = d if rotation else min(d, 32)
     rotate = rotation_arguments(d, True) if rotation else {}
     if one_pass and (rotation or n_part > ONE_PASS_MAX_PARTS):
@@ -383,6 +411,7 @@ def merge_launch(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
         **rotate,
         **({"PDL": True, "launch_pdl": True} if pdl else {}),
         **({"ONE_PASS": max(16, triton.next_power_of_2(n_part))} if one_pass else {}),
+        **({"seq_lens_ptr": dual[0], "long_min": int(dual[1]), "n_short": int(dual[2]), "DUAL": True} if dual else {}),
     )
 
 
@@ -514,6 +543,25 @@ class _DecodeTuning:
             trip per 64 partials (a single request's 129 partials: three) and reads empty splits' rows
             too. None (the default): the launcher's rule, ``merge_one_pass_default`` (from
             ``MERGE_ONE_PASS_PARTS`` partials on); True / False force it on / off.
+        long_gluon: the Triton stage 1 only (not ``gluon``), no sliding window: requests of at least
+            this many tokens are taken by a Gluon stage 1 of their own (``long_variant`` at
+            ``long_waves`` programs per SM), launched after the Triton one as its programmatic
+            dependent; the Triton launch takes the shorter ones (decided on the device per request,
+            so one CUDA graph serves every length; the programs of the requests a launch does not
+            take leave at once), the separate merge then reads each request's partials at the
+            count of the launch that took it (``merge_launch(dual=...)``). The workspace holds the
+            larger of the two split counts (``tuning_num_splits``). 0: off. A single request has
+            few (request, KV head) pairs, so only a split count much larger than the Triton stage
+            1's fills the GPU with the Gluon program's registers, and at short contexts those many
+            short programs lose to the Triton stage 1 (session 33, 42): this gives each length its
+            faster form.
+        long_variant: with ``long_gluon``, the Gluon variant (a ``fused`` one); "": the ``lane_fwht``
+            form of the Gluon default for the pool's format (``GLUON_DEFAULT_VARIANT``,
+            ``GLUON_DEFAULT_PAGE_VARIANT`` + "h": with this launch's code the plain paper-format form
+            spills 16 bytes at its 128 registers, the lane form does not; sm_90 SASS).
+        long_waves: with ``long_gluon``, the Gluon launch's programs per SM (its split count:
+            ``pick_num_splits(waves=long_waves, max_splits=ONE_PASS_MAX_PARTS - 1)``) where the
+            workspace does not set it.
     """
 
     block_n: int
@@ -536,6 +584,25 @@ class _DecodeTuning:
     merge_pdl: bool = False
     spread_open: int = 0
     merge_one_pass: bool | None = None
+    long_gluon: int = 0
+    long_variant: str = ""
+    long_waves: float = 12.0
+
+
+def tuning_num_splits(tune: _DecodeTuning, batch: int, num_kv_heads: int) -> int:
+    """The split count a workspace for a launch of ``tune`` holds (``decode_workspace``): the stage
+    1's (``pick_num_splits`` of its waves), or with ``long_gluon`` the larger of the Triton launch's
+    and the long requests' Gluon launch's. Depends on the batch size only."""
+    n = pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+    if tune.long_gluon:
+        n = max(n, long_gluon_splits(tune, batch, num_kv_heads))
+    return n
+
+
+def long_gluon_splits(tune: _DecodeTuning, batch: int, num_kv_heads: int) -> int:
+    """The split count of ``tune``'s long-request Gluon launch (``_DecodeTuning.long_waves``)."""
+    return pick_num_splits(batch, num_kv_heads, waves=tune.long_waves, resident=GLUON_RESIDENT,
+                           max_splits=ONE_PASS_MAX_PARTS - 1)
 
 
 #: Whether the launcher runs a separate merge launch as a programmatic dependent of a Gluon stage 1
@@ -633,7 +700,7 @@ def decode_num_splits(batch: int, num_kv_heads: int, head_dim: int, page_size: i
                               key_page=layer.k_ranges is not None, device=torch.device(device))
     else:
         tune = _default_tuning(batch, num_kv_heads, head_dim, page_size)
-    return pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+    return tuning_num_splits(tune, batch, num_kv_heads)
 
 
 #: The Gluon stage-1 variant the default decode runs where ``gluon_default_reason`` allows it: no
@@ -749,6 +816,12 @@ GLUON_SHARE_MIN_TAIL = 0.05
 #: 16 pairs 1.037-1.095x.
 GLUON_LANE_FWHT_PAIRS = 128
 
+#: Below the Gluon default's pairs (``GLUON_DEFAULT_PAIRS``: single requests at 8 KV heads), the
+#: requests of at least this many tokens take a Gluon stage 1 of their own at ``long_waves`` programs
+#: per SM (``_DecodeTuning.long_gluon``: decided on the device per request, one CUDA graph per batch
+#: size); 0: the Triton stage 1 takes every length.
+LONG_GLUON_TOKENS = 65536
+
 
 def gluon_lane_form(variant: str, pairs: int) -> str:
     """The Gluon default's variant for a launch of ``pairs`` (request, KV head) pairs: its
@@ -778,11 +851,12 @@ def gluon_share_rule(batch: int, num_kv_heads: int, *, waves: float | None, resi
 
 def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim: int, bits: int, k_group: int,
                          v_group: int, key_page: bool, block_n: int, device: torch.device,
-                         capability: tuple[int, int] | None = None) -> str | None:
+                         capability: tuple[int, int] | None = None, pairs: bool = True) -> str | None:
     """None when the default decode runs the Gluon stage 1 (``GLUON_DEFAULT_VARIANT``; for page-grid
     key ranges ``GLUON_DEFAULT_PAGE_VARIANT``) on ``block_n``-token tiles for this launch, else why
     it runs the Triton stage 1. Depends on the batch size, never on lengths (one CUDA graph per
-    batch size). ``capability``: the device's (tests; None: asked from ``device``)."""
+    batch size). ``capability``: the device's (tests; None: asked from ``device``). ``pairs`` False:
+    whatever the launch's (request, KV head) pairs (``LONG_GLUON_TOKENS``' rule for single requests)."""
     import os
 
     env = os.environ.get(GLUON_DEFAULT_ENV, "1")
@@ -790,10 +864,10 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
         raise ValueError(f"{GLUON_DEFAULT_ENV} must be 0 (Triton stage 1 only) or 1 (the default rule), got {env!r}")
     if env == "0":
         return f"{GLUON_DEFAULT_ENV}=0"
-    pairs = batch * num_kv_heads
     lo, hi = GLUON_DEFAULT_PAIRS
-    if not lo <= pairs <= hi:
-        return f"{pairs} (request, KV head) pairs: the Gluon default covers {lo}-{hi}, where it was measured faster"
+    if pairs and not lo <= batch * num_kv_heads <= hi:
+        return (f"{batch * num_kv_heads} (request, KV head) pairs: the Gluon default covers {lo}-{hi}, where it was "
+                f"measured faster")
     if key_page and bits not in GLUON_DEFAULT_PAGE_BITS:
         return (f"page-grid key ranges (key_ranges='page') at {bits} bits: the Gluon stage 1 reads them (opt-in) "
                 f"but was measured faster at {' and '.join(map(str, GLUON_DEFAULT_PAGE_BITS)) or 'no'} "
@@ -855,6 +929,10 @@ def _launch_tuning(batch: int, num_kv_heads: int, head_dim: int, page_size: int,
                        split_write=split, split_pdl=split)
     if batch * num_kv_heads < GLUON_DEFAULT_PAIRS[0]:
         tune = replace(tune, spread_open=SPREAD_OPEN)
+        if LONG_GLUON_TOKENS and gluon_default_reason(
+                batch=batch, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, bits=bits, k_group=k_group,
+                v_group=v_group, key_page=key_page, block_n=block_n, device=device, pairs=False) is None:
+            tune = replace(tune, long_gluon=LONG_GLUON_TOKENS)
     return tune
 
 
@@ -879,6 +957,79 @@ def decode_workspace(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: 
         torch.zeros((max(1, batch * num_kv_heads),), dtype=torch.int32, device=device),
         torch.empty((batch, num_q_heads, head_dim), dtype=torch.float32, device=device),
     )
+
+
+def _fused_merge_rule(tune: _DecodeTuning, num_splits: int, group: int, head_dim: int) -> bool:
+    """Whether the Triton stage 1 merges its splits itself (few splits: at most two ~4K-fp32 block
+    loads of the group's partials), unless ``tune.fused_merge`` says."""
+    cap = max(1, min(64, 4096 // (triton.next_power_of_2(group) * head_dim)))
+    return num_splits + 1 <= 2 * cap if tune.fused_merge is None else tune.fused_merge
+
+
+def _triton_stage1(*, q, layer, kv_indptr, kv_page_indices, seq_lens, q_rot, q_scratch, part_o, part_lse, counters, out,
+                   write, new_k, new_v, new_loc, staging_scale, new_strides, sm_scale, window, rotate, group, num_splits,
+                   tune, fused_merge, launch_dependents, long_min=None) -> None:
+    """The Triton stage 1 over ``(B, H, num_splits + 1)`` programs (``oscar_decode_attention`` has
+    checked its inputs): with ``fused_merge`` the merge too; ``long_min``: the requests shorter than
+    that only (``_DecodeTuning.long_gluon``), their partials the first ``num_splits + 1`` of rows of
+    ``part_o.shape[2]``."""
+    b, h, d = q.shape[0], layer.k_codes.shape[1], q.shape[2]
+    block_g = triton.next_power_of_2(group)
+    cap = max(1, min(64, 4096 // (block_g * d)))  # ~4K fp32 of the group's partials per block load
+    # Not by the split count: one compile for every batch size. At most 8: more raises the registers
+    # of the whole kernel at head_dim 64 (sm_90: 191 instead of 166 at 16), fewer programs per SM.
+    chunk = min(cap, 8)
+    if tune.merge_chunk == "splits":
+        chunk = max(1, min(cap, triton.next_power_of_2(num_splits + 1)))
+    elif tune.merge_chunk is not None:
+        chunk = int(tune.merge_chunk)
+    options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
+    _decode_stage1_kernel[(b, h, num_splits + 1)](
+        # inputs, the layer's pool and the requests' pages
+        qrot_ptr=q_rot if q_rot is not None else q_scratch, **pool_arguments(layer),
+        kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens,
+        # workspace, the fused query rotation and write (the new_* are not read without WRITE), output
+        part_o_ptr=part_o, part_lse_ptr=part_lse, q_ptr=q, new_k_ptr=new_k if write else q, new_v_ptr=new_v if write else q,
+        new_loc_ptr=new_loc if write else seq_lens, stg_scale_ptr=staging_scale if staging_scale is not None else part_lse,
+        counter_ptr=counters, out_ptr=out,
+        **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device, placeholder=seq_lens),
+        strides=(q.stride(0), q.stride(1), *new_strides, out.stride(0), out.stride(1)),
+        sm_scale_log2=sm_scale * math.log2(math.e), window_left=window if window is not None else 0, **rotate, GROUP=group,
+        # how it runs (_DecodeTuning) and which fused parts it takes
+        BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
+        BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
+        ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
+        LAUNCH_DEPENDENTS=launch_dependents, SPREAD=tune.spread_open if window is None else 0,
+        **({"long_min": int(long_min), "part_stride": part_o.shape[2], "DUAL": True} if long_min else {}),
+        num_warps=tune.num_warps, num_stages=tune.num_stages,
+        **options,
+    )
+
+
+def _long_gluon_form(tune: _DecodeTuning, layer: PagedLayer, *, group: int, head_dim: int, page_size: int,
+                     device: torch.device) -> tuple[str, int]:
+    """The long requests' Gluon stage 1 of ``tune`` (``long_gluon``) for ``layer``: its variant and
+    tile, checked (a ValueError / RuntimeError naming what does not fit)."""
+    key_page = layer.k_ranges is not None
+    # "": the format's Gluon default in its lane_fwht form (sm_90 SASS with the DUAL code: the plain
+    # paper-format default spills 16 bytes, the lane form does not)
+    variant = tune.long_variant or gluon_lane_form(GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT,
+                                                   GLUON_LANE_FWHT_PAIRS)
+    var = gluon_decode.gluon_variant(variant)  # unknown names: ValueError naming the known ones
+    if not var.fused:
+        raise ValueError(f"_DecodeTuning.long_variant: a fused Gluon variant (the write, the query rotation and the "
+                         f"partials' inverse rotation in its launch), got {variant!r}")
+    block_n = var.block_n or gluon_block_n(tune.block_n, layer.k_group, key_page)
+    check_sealed_tile(block_n, page_size=page_size, k_group=layer.k_group)
+    if key_page:
+        gluon_decode.check_gluon_key_page(variant)
+    gluon_decode.check_gluon_shape(bits=layer.bits, head_dim=head_dim, k_group=layer.k_group, v_group=layer.v_group,
+                                   block_n=block_n, group=group)
+    gluon_decode.check_gluon_key_groups(variant, block_n=block_n, k_group=layer.k_group)
+    reason = gluon_decode.gluon_available(device)
+    if reason is not None:
+        raise RuntimeError(reason)
+    return variant, block_n
 
 
 def oscar_decode_attention(
@@ -960,6 +1111,11 @@ def oscar_decode_attention(
                               key_page=layer.k_ranges is not None, device=q.device)
     else:
         tune = _tuning
+    if not isinstance(tune.long_gluon, int) or tune.long_gluon < 0:
+        raise ValueError(f"_DecodeTuning.long_gluon must be a token count >= 0, got {tune.long_gluon!r}")
+    if tune.long_gluon and tune.gluon:
+        raise ValueError("_DecodeTuning.long_gluon: with the Triton stage 1 only (gluon=False): it hands the long "
+                         "requests to a Gluon launch of their own")
     if tune.gluon:  # a Gluon variant with a tile of its own (GluonVariant.block_n) runs on it
         gluon_bn = gluon_decode.gluon_variant(tune.gluon_variant).block_n
         if gluon_bn is not None and gluon_bn != tune.block_n:
@@ -980,7 +1136,7 @@ def oscar_decode_attention(
         num_splits = tune.num_splits
     else:
         num_splits = (workspace[0].shape[2] - 1 if workspace is not None
-                      else pick_num_splits(b, h, waves=tune.waves, resident=tune.resident, fit=tune.fit))
+                      else tuning_num_splits(tune, b, h))
     if out is None:
         out = torch.empty_like(q)
     if workspace is None:
@@ -1000,7 +1156,37 @@ def oscar_decode_attention(
         reason = merge_pdl_reason(q.device)
         if reason is not None:
             raise ValueError(f"_DecodeTuning.merge_pdl: {reason}")
+    long_min = tune.long_gluon if window is None else 0  # (a sliding-window layer: the Triton stage 1 alone)
+    if long_min:
+        long_variant, long_bn = _long_gluon_form(tune, layer, group=group, head_dim=d, page_size=p, device=q.device)
+        n_short = pick_num_splits(b, h, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+        if n_short > num_splits:
+            raise ValueError(f"_DecodeTuning.long_gluon: the workspace holds {num_splits} splits, fewer than the Triton "
+                             f"stage 1's {n_short} (size it with tuning_num_splits / decode_num_splits)")
     if b == 0:
+        return out
+    if long_min:
+        # Two stage-1 launches, each for the requests of its lengths, then one merge: the Triton stage 1
+        # (requests shorter than long_min; its partials the first of each row), the Gluon one as its
+        # programmatic dependent (the longer requests, at the workspace's split count), the merge
+        # reading each request's partials at its launch's count.
+        _triton_stage1(q=q, layer=layer, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens,
+                       q_rot=q_rot, q_scratch=q_scratch, part_o=part_o, part_lse=part_lse, counters=counters, out=out,
+                       write=write, new_k=new_k, new_v=new_v, new_loc=new_loc, staging_scale=staging_scale,
+                       new_strides=new_strides, sm_scale=sm_scale, window=None, rotate=rotate, group=group,
+                       num_splits=n_short, tune=tune, fused_merge=False, launch_dependents=False, long_min=long_min)
+        fused = {"q_ptr": q if q_rot is None else None,
+                 **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device,
+                                      placeholder=seq_lens), **rotate}
+        if write:
+            fused.update(new_k_ptr=new_k, new_v_ptr=new_v, new_loc_ptr=new_loc, stg_scale_ptr=staging_scale)
+        gluon_decode.gluon_stage1_launch(q_rot=q_rot if q_rot is not None else q_scratch, pool_args=named_pool_arguments(layer),
+                                         group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
+                                         seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
+                                         block_n=long_bn, block_t=tune.block_t, variant=long_variant, fused=fused,
+                                         launch_dependents=tune.merge_pdl, long_min=long_min)
+        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=_one_pass(tune, part_o),
+                     dual=(seq_lens, long_min, n_short + 1))
         return out
     if tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused:
         pdl = False
@@ -1052,36 +1238,12 @@ def oscar_decode_attention(
         merge_launch(part_o, part_lse, out, rotation=layer.rotation, pdl=tune.merge_pdl,
                      one_pass=_one_pass(tune, part_o, rotation=layer.rotation))
         return out
-    block_g = triton.next_power_of_2(group)
-    cap = max(1, min(64, 4096 // (block_g * d)))  # ~4K fp32 of the group's partials per block load
-    # Not by the split count: one compile for every batch size. At most 8: more raises the registers
-    # of the whole kernel at head_dim 64 (sm_90: 191 instead of 166 at 16), fewer programs per SM.
-    chunk = min(cap, 8)
-    if tune.merge_chunk == "splits":
-        chunk = max(1, min(cap, triton.next_power_of_2(num_splits + 1)))
-    elif tune.merge_chunk is not None:
-        chunk = int(tune.merge_chunk)
-    fused_merge = num_splits + 1 <= 2 * cap if tune.fused_merge is None else tune.fused_merge
-    options = {} if tune.maxnreg is None else {"maxnreg": tune.maxnreg}
-    _decode_stage1_kernel[(b, h, num_splits + 1)](
-        # inputs, the layer's pool and the requests' pages
-        qrot_ptr=q_rot if q_rot is not None else q_scratch, **pool_arguments(layer),
-        kv_indptr_ptr=kv_indptr, page_idx_ptr=kv_page_indices, seq_lens_ptr=seq_lens,
-        # workspace, the fused query rotation and write (the new_* are not read without WRITE), output
-        part_o_ptr=part_o, part_lse_ptr=part_lse, q_ptr=q, new_k_ptr=new_k if write else q, new_v_ptr=new_v if write else q,
-        new_loc_ptr=new_loc if write else seq_lens, stg_scale_ptr=staging_scale if staging_scale is not None else part_lse,
-        counter_ptr=counters, out_ptr=out,
-        **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device, placeholder=seq_lens),
-        strides=(q.stride(0), q.stride(1), *new_strides, out.stride(0), out.stride(1)),
-        sm_scale_log2=sm_scale * math.log2(math.e), window_left=window if window is not None else 0, **rotate, GROUP=group,
-        # how it runs (_DecodeTuning) and which fused parts it takes
-        BLOCK_H=max(8 if tune.transposed else 16, block_g), BLOCK_N=tune.block_n, BLOCK_T=tune.block_t, BLOCK_G=block_g,
-        BLOCK_HK=triton.next_power_of_2(h), CHUNK=chunk, USE_ASM=use_asm(q.device), INTERPRET=interpreting(),
-        ROT_Q=q_rot is None, WRITE=write, MERGE=fused_merge, TRANS=tune.transposed, WINDOW=window is not None,
-        LAUNCH_DEPENDENTS=tune.merge_pdl and not fused_merge, SPREAD=tune.spread_open if window is None else 0,
-        num_warps=tune.num_warps, num_stages=tune.num_stages,
-        **options,
-    )
+    fused_merge = _fused_merge_rule(tune, num_splits, group, d)
+    _triton_stage1(q=q, layer=layer, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens, q_rot=q_rot,
+                   q_scratch=q_scratch, part_o=part_o, part_lse=part_lse, counters=counters, out=out, write=write,
+                   new_k=new_k, new_v=new_v, new_loc=new_loc, staging_scale=staging_scale, new_strides=new_strides,
+                   sm_scale=sm_scale, window=window, rotate=rotate, group=group, num_splits=num_splits, tune=tune,
+                   fused_merge=fused_merge, launch_dependents=tune.merge_pdl and not fused_merge)
     if not fused_merge:
         merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=_one_pass(tune, part_o))
     return out

@@ -1872,10 +1872,20 @@ if gl is not None:
         TMA_TILES: gl.constexpr = 1, KEY_PAGE: gl.constexpr = False, OPEN_FIRST: gl.constexpr = False,
         TWO: gl.constexpr = False, OPEN_SHARE: gl.constexpr = False, PAGE_PAIRS: gl.constexpr = False,
         EARLY: gl.constexpr = False, MIN_TILES: gl.constexpr = 0, L2PF: gl.constexpr = 0, PDL: gl.constexpr = False,
-        LAUNCH_DEPENDENTS: gl.constexpr = False, LANE_FWHT: gl.constexpr = False,
+        LAUNCH_DEPENDENTS: gl.constexpr = False, LANE_FWHT: gl.constexpr = False, long_min=0,
+        DUAL: gl.constexpr = False,
     ):  # fmt: skip
         if LAUNCH_DEPENDENTS:  # the merge launch after this one is its programmatic dependent (merge_pdl)
             _gdc_launch_dependents(gl.program_id(0))
+        if DUAL:
+            # decode._DecodeTuning.long_gluon: a programmatic dependent of the Triton stage 1 launched
+            # before it, which takes the requests shorter than long_min tokens; this launch takes the
+            # others. A shorter request's programs wait for that launch (so that whatever waits for
+            # this one sees its partials) and leave.
+            seq_len_d = gl.load(seq_lens_ptr + gl.program_id(0))
+            if seq_len_d < long_min:
+                _gdc_wait(seq_len_d)
+                return
         i_b = gl.program_id(0).to(gl.int64)
         i_h = gl.program_id(1).to(gl.int64)
         n_split = gl.num_programs(2) - 1
@@ -1937,7 +1947,10 @@ if gl is not None:
             gl.thread_barrier()  # this program's stores above are read back below
 
         if not EARLY:
-            seq_len = gl.load(seq_lens_ptr + i_b)
+            if DUAL:
+                seq_len = seq_len_d
+            else:
+                seq_len = gl.load(seq_lens_ptr + i_b)
             kv_start = gl.load(kv_indptr_ptr + i_b).to(gl.int64)
             n_pages = (seq_len + P - 1) // P
 
@@ -2297,7 +2310,8 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
                         kv_page_indices: torch.Tensor, seq_lens: torch.Tensor, part_o: torch.Tensor,
                         part_lse: torch.Tensor, sm_scale: float, block_n: int, block_t: int,
                         variant: str = DEFAULT_GLUON_VARIANT, fused: dict[str, object] | None = None,
-                        window_left: int | None = None, pdl: bool = False, launch_dependents: bool = False) -> None:
+                        window_left: int | None = None, pdl: bool = False, launch_dependents: bool = False,
+                        long_min: int | None = None) -> None:
     """Stage 1 over ``(B, H, part_o.shape[2])`` programs (the last split takes each request's last
     page): partials and log-sum-exps into ``part_o`` / ``part_lse``, in the rotated basis unless
     ``fused`` (then in the model's: the plain merge launch follows). The caller
@@ -2312,7 +2326,13 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
     ``pdl``: launched as a programmatic dependent of the launch before it (the write's,
     ``_DecodeTuning.split_pdl``), whose stores only the open-page program reads, after
     ``griddepcontrol.wait``. ``launch_dependents``: the merge launch that follows is a programmatic
-    dependent of this one (``_DecodeTuning.merge_pdl``): every program lets it be scheduled at its start."""
+    dependent of this one (``_DecodeTuning.merge_pdl``): every program lets it be scheduled at its start.
+    ``long_min`` (``_DecodeTuning.long_gluon``): the requests of at least this many tokens only, as a
+    programmatic dependent of the Triton stage 1 launched just before it, which took the others
+    (this launch's programs of those wait for it and leave; not with ``pdl``)."""
+    if long_min is not None and pdl:
+        raise ValueError("gluon_stage1_launch: long_min (a dependent of the Triton stage 1) and pdl (of the write's "
+                         "launch) exclude each other")
     var = gluon_variant(variant)
     block_n = var.block_n or block_n  # GluonVariant.block_n: the variant's own tile
     reason = gluon_available(q_rot.device)
@@ -2363,5 +2383,7 @@ def gluon_stage1_launch(*, q_rot: torch.Tensor, pool_args: dict[str, object], gr
         KEY_MASK=bool(f.get("KEY_MASK", False)), BLOCK_HK=max(1, 1 << (h - 1).bit_length()),
         MERGE=out is not None, BLOCK_G=block_g, CHUNK=max(1, 2048 // (block_g * d)), PDL=pdl,
         LAUNCH_DEPENDENTS=launch_dependents,
-        num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}), **({"launch_pdl": True} if pdl else {}),
+        **({"long_min": int(long_min), "DUAL": True} if long_min is not None else {}),
+        num_warps=1, **({} if var.maxnreg is None else {"maxnreg": var.maxnreg}),
+        **({"launch_pdl": True} if pdl or long_min is not None else {}),
     )  # fmt: skip

@@ -330,14 +330,14 @@ def bench_gluon(bits: int, batch: int, ctx: int, budget: float, variants: tuple[
                  for v in variants]
     # the launcher's own choice for this launch (the Gluon default where it takes it, at its split count)
     lt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
-    n = _dec.pick_num_splits(batch, H, waves=lt.waves, resident=lt.resident, fit=lt.fit)
+    n = _dec.tuning_num_splits(lt, batch, H)
     res["launcher"] = {"gluon": lt.gluon_variant if lt.gluon else None, "num_splits": n}
     labels.append("launcher")
     cols.append(("gluon:launcher", lt, decode_workspace(batch, HQ, H, D, n, DEV)))
     for v, bn in page_rules:
         with _page_rule(v, bn):
             rt = launcher_tuning(bits, batch, k_group=st.k_group, v_group=st.v_group, key_page=st.key_page)
-            n = _dec.pick_num_splits(batch, H, waves=rt.waves, resident=rt.resident, fit=rt.fit)
+            n = _dec.tuning_num_splits(rt, batch, H)
         label = f"rule {v}@{bn}"
         res.setdefault("page_rules", {})[label] = {"gluon": rt.gluon_variant if rt.gluon else None,
                                                     "block_n": rt.block_n, "num_splits": n}
@@ -444,11 +444,17 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
         else:
             tune = dataclasses.replace(default, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                        transposed=bool(tr))
-        splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+        splits = _dec.tuning_num_splits(tune, batch, H)
         ws = decode_workspace(batch, HQ, H, D, splits, DEV)
         desc = {"block_n": tune.block_n, "num_warps": tune.num_warps, "num_stages": tune.num_stages, "waves": tune.waves,
                 "maxnreg": tune.maxnreg, "transposed": tune.transposed, "default": is_default,
-                "gluon": (tune.gluon_variant + (" + split_pdl" if tune.split_pdl else "")) if tune.gluon else None}
+                "gluon": (tune.gluon_variant + (" + split_pdl" if tune.split_pdl else "")) if tune.gluon else None,
+                # _DecodeTuning.long_gluon: the requests of at least that many tokens on a Gluon launch
+                # of their own (the workspace's split count is the larger: that launch's)
+                "long_gluon": (f"{tune.long_gluon}: {tune.long_variant or 'default'} @ "
+                               f"{_dec.long_gluon_splits(tune, batch, H)} splits, Triton @ "
+                               f"{_dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)}")
+                if tune.long_gluon else None}
         try:
             st.call(0, tuning=tune, ws=ws)()
             torch.cuda.synchronize()
@@ -516,7 +522,7 @@ def _default_launch_setup(bits: int, batch: int, ctx: int, budget: float, defaul
     del probe
     copies = copies_for(per_call, budget)
     st = OscarSetup(bits, batch, ctx, copies, **fmt)
-    ws = decode_workspace(batch, HQ, H, D, _dec.pick_num_splits(batch, H, waves=default.waves, resident=default.resident, fit=default.fit), DEV)
+    ws = decode_workspace(batch, HQ, H, D, _dec.tuning_num_splits(default, batch, H), DEV)
     return st, ws, per_call, copies
 
 
@@ -555,7 +561,7 @@ def bench_merge_chunk(bits: int, batch: int, ctx: int, budget: float) -> list[di
     paper formats, CUDA graphs over distinct copies, side by side."""
     rows = []
     default = _dec._default_tuning(batch, H, D, P)
-    splits = _dec.pick_num_splits(batch, H, waves=default.waves, resident=default.resident, fit=default.fit)
+    splits = _dec.tuning_num_splits(default, batch, H)
     for name, kg, vg, page in (("paper G_K32 G_V32", 32, 32, False), ("page G_K16 G_V64", 16, 64, True)):
         st, ws, _, copies = _default_launch_setup(bits, batch, ctx, budget, default, k_group=kg, v_group=vg, key_page=page)
         for rule in (None, "splits"):
@@ -594,7 +600,7 @@ def count_capture_compiles(bits: int, ctx: int = 256) -> list[dict]:
             for b in CAPTURE_BATCHES:
                 st = OscarSetup(bits, b, ctx, 1, k_group=16, v_group=64, key_page=True)
                 tune = dataclasses.replace(_dec._default_tuning(b, H, D, P), merge_chunk=rule)
-                splits = _dec.pick_num_splits(b, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+                splits = _dec.tuning_num_splits(tune, b, H)
                 st.call(0, tuning=tune, ws=decode_workspace(b, HQ, H, D, splits, DEV))()
                 torch.cuda.synchronize()
                 del st
@@ -1184,7 +1190,9 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "",
         "OScaR us = " + ("the launcher's default launch, as the backend runs it (stage 1: Triton, or 'gluon:VARIANT' in the "
                          "config column where the Gluon default takes it; ' + split_pdl': the write in a launch of its own before it, "
-                         "the stage 1 its programmatic dependent)." if m.get("variants") == "default" else
+                         "the stage 1 its programmatic dependent; ' + from N tokens gluon': a single request's Triton stage 1 hands "
+                         "requests of N tokens or more to a Gluon launch of their own, its programmatic dependent, decided on "
+                         "the device per request; the splits column is then the workspace's, the Gluon launch's)." if m.get("variants") == "default" else
                          "the fastest of the stage-1 sweep (" + str(m.get("variants")) + "), 'default us' the launcher's default.")
         + " Format: the paper's (K/V groups of 32 tokens / channels, fp16 group pairs), INT2 and INT4.",
         "",
@@ -1210,7 +1218,9 @@ def markdown(res: dict, rows: list[dict]) -> str:
             f"{r['vs_sglang'] or nan:.2f} | {nan if r['write_us'] is None else r['write_us']:.2f} | {nan if r['write_share'] is None else r['write_share'] * 100:.1f}% | "
             f"{nan if r.get('write_work_us') is None else r['write_work_us']:.2f} | "
             f"{c['block_n']}, {c['num_warps']}, {c['num_stages']}, {c['num_splits']}, {c['maxnreg'] or '-'}, {int(bool(c['transposed']))}"
-            f"{', gluon:' + c['gluon'] if c.get('gluon') else ''} |"
+            f"{', gluon:' + c['gluon'] if c.get('gluon') else ''}"
+            f"{'' if not c.get('long_gluon') else ' + from ' + c['long_gluon'].split(':')[0] + ' tokens gluon (long_gluon' + c['long_gluon'].split(':', 1)[1] + ')'}"
+            f"{' (taken at this length)' if c.get('long_gluon') and r['ctx'] >= int(c['long_gluon'].split(':')[0]) else ''} |"
         )
     served = [r for r in rows if r["bits"] == 2 and (r.get("served_us") or r.get("served_error"))]
     if served:

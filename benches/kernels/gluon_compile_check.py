@@ -40,19 +40,20 @@ SIGNATURE = {
     "q_ptr": "*bf16", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "new_loc_ptr": "*i64", "stg_scale_ptr": "*fp32",
     "krot_ptr": "*i32", "counter_ptr": "*i32", "out_ptr": "*bf16", "stride_qb": "i32", "stride_qh": "i32", "stride_kb": "i32",
     "stride_kh": "i32", "stride_vb": "i32", "stride_vh": "i32", "stride_ob": "i32", "stride_oh": "i32", "sm_scale_log2": "fp32",
-    "window_left": "i32", "kr_ptr": "*i16",
+    "window_left": "i32", "kr_ptr": "*i16", "long_min": "i32",
 }  # fmt: skip
 
 
 def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int = 8, p: int = 128, k_group: int = 32,
                    v_group: int = 32, s_cols: int = 1, block_t: int = 32, variant: str = "regs1", window: bool = False,
                    key_page: bool = False, rot_q: bool | None = None, write: bool | None = None,
-                   launch_dependents: bool = False):
+                   launch_dependents: bool = False, dual: bool = False):
     """The Gluon stage 1 (``variant``: a key of ``GLUON_VARIANTS``) compiled for sm_90
     (``triton.compile``; no GPU needed); ``key_page``: page-grid key ranges. A fused variant compiles
     the whole step; ``rot_q`` / ``write`` False leave its query rotation / write out (the launcher's
     ``split_write`` form: neither; the "without write" launch of the benchmarks: no write);
-    ``launch_dependents``: the separate merge launch its programmatic dependent (``merge_pdl``)."""
+    ``launch_dependents``: the separate merge launch its programmatic dependent (``merge_pdl``);
+    ``dual``: the long requests' launch after the Triton stage 1 (``_DecodeTuning.long_gluon``)."""
     var = G.gluon_variant(variant)
     if key_page:
         G.check_gluon_key_page(variant)
@@ -67,7 +68,7 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
                  WRITE=var.fused if write is None else var.fused and write, ROT_OUT=var.fused, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, KEY_MASK=False, BLOCK_HK=h, MERGE=var.fused, BLOCK_G=block_g,
                  CHUNK=max(1, 2048 // (block_g * d)), WINDOW=window, KEY_PAGE=key_page, LAUNCH_DEPENDENTS=launch_dependents,
-                 **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h, v_group=v_group))
+                 DUAL=dual, **G.gluon_layouts(bits=bits, head_dim=d, block_n=block_n, block_h=block_h, v_group=v_group))
     sig = dict(SIGNATURE, **{k: "constexpr" for k in const})
     if var.tma:  # the launcher's TMA descriptors (gluon_tma_descriptors): their block types and layouts
         w, ng, n = d * bits // 32, d // v_group, block_n * var.tma_tiles
@@ -91,11 +92,12 @@ def compile_stage1(*, bits: int, block_n: int, group: int, d: int = 128, h: int 
 
 
 def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: int = 128, h: int = 8, p: int = 128,
-                          launch_dependents: bool = False, spread: int = 0):
+                          launch_dependents: bool = False, spread: int = 0, dual: bool = False):
     """Today's Triton stage 1 (``decode._decode_stage1_kernel``) in its default form (transposed,
     one warp, fused write and query rotation, separate merge) compiled the same way, for comparison;
     ``launch_dependents``: with the separate merge a programmatic dependent launch (``merge_pdl``);
-    ``spread``: the open page's tiles over short sealed programs (``spread_open``)."""
+    ``spread``: the open page's tiles over short sealed programs (``spread_open``); ``dual``: the
+    short requests only (``_DecodeTuning.long_gluon``)."""
     from triton.compiler import ASTSource
 
     from oscar_sgl.kernels import decode as dec
@@ -109,8 +111,9 @@ def compile_triton_stage1(*, bits: int, block_n: int = 32, group: int = 4, d: in
     const = dict(H=h, GROUP=group, BLOCK_H=8, D=d, BITS=bits, P=p, G_K=32, G_V=32, S=1, BLOCK_N=block_n, BLOCK_T=32, USE_ASM=True,
                  INTERPRET=False, ROT_Q=True, WRITE=True, MERGE=False, ROTATE=True, LOG2D=d.bit_length() - 1,
                  INV_SQRT_D=d ** -0.5, BLOCK_G=group, BLOCK_HK=h, CHUNK=16, TRANS=True, WINDOW=False, KEY_PAGE=False,
-                 KEY_MASK=False, LAUNCH_DEPENDENTS=launch_dependents, SPREAD=spread)
-    sig = {**ptrs, **ints, "sm_scale_log2": "fp32", "window_left": "i32", **{k: "constexpr" for k in const}}
+                 KEY_MASK=False, LAUNCH_DEPENDENTS=launch_dependents, SPREAD=spread, DUAL=dual)
+    sig = {**ptrs, **ints, "sm_scale_log2": "fp32", "window_left": "i32", "long_min": "i32", "part_stride": "i32",
+           **{k: "constexpr" for k in const}}
     sig = {k: sig[k] for k in dec._decode_stage1_kernel.arg_names}
     attrs = {path: [["tt.divisibility", 16]] for i, v in enumerate(sig.values())
              for path, t in (zip([(i, j) for j in range(len(v))], v) if isinstance(v, tuple) else [((i,), v)]) if t.startswith("*")}

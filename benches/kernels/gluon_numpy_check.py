@@ -14,6 +14,7 @@ FMA rounded to fp16). Run from the repo root with the installed package (any Tri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -205,6 +206,10 @@ def make_gl(ctx):
             ctx["l2_prefetched"] += off.size
             return T(np.zeros(off.shape, np.int32))
         args = [_a(x) for x in args]
+        if asm.startswith("griddepcontrol."):  # _gdc_wait / _gdc_launch_dependents: programs run one launch
+            # after the other here, so a launch before this one has run whole: only the operand's move
+            ctx.setdefault("griddepcontrol", []).append(asm.split(";")[0])
+            return T(np.asarray(args[0]).astype(np.int32))
         if asm.startswith("shfl.sync.bfly"):  # _lane_xor inside _fwht_lanes, whose layout (_fwht_layout) holds
             # ROWS * D / 32 = size / 32 consecutive elements of a row per lane: lane bit i is bit
             # log2(size / 32) + i of the last axis' index, so the partner differs in that index bit
@@ -429,7 +434,7 @@ def kernel_functions(ctx):
         g[n] = getattr(G, n).value
     g["_fwht_layout"] = lambda rows, d: None  # layouts do not exist here
     names = ["_row_partials", "_row_total", "_fold_rows", "_folded_keys", "_params_from_words", "_tma_issue", "_tma_read", "_tile_scales", "_key_param_pairs", "_page_key_param_pairs", "_page_key_param_pairs_spread", "_page_group_pairs", "_page_words", "_param_word_offsets", "_dequant_pairs_lean", "_pair_operands", "_halves_f16", "_dequant_pairs", "_code_pairs", "_pack_f16", "_pair_words", "_l2_prefetch", "_l2_prefetch_tile", "_tile_ptrs", "_tile_small", "_tile_raw", "_tile_issue",
-             "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_lane_xor", "_fwht_lanes", "_fwht_rows", "_rotated_rows",
+             "_tile_smem", "_tile_logits", "_tile_values", "_running_max", "_tile_sum", "_attend", "_attend2", "_open_page_softmax", "_staging_tile", "_staging_tile_direct", "_open_page", "_open_tiles", "_lane_xor", "_fwht_lanes", "_gdc_wait", "_gdc_launch_dependents", "_fwht_rows", "_rotated_rows",
              "_new_rows", "_layer_key_sumsq", "_fused_write", "_fused_write_early", "_merge_heads", "_key_channel",
              "_value_channel", "_gluon_decode_stage1_kernel"]
     for n in names:
@@ -439,14 +444,16 @@ def kernel_functions(ctx):
 
 
 def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, variant="regs1", fused=None,
-               window_left=None):
+               window_left=None, long_min=None):
     """Every program of the Gluon stage 1, one after the other, on numpy copies of the pool; the
     partials (and, with ``fused``, the rotated queries into ``q_rot``, the staging pages and token
     scales the fused write stores) copied back. ``fused`` (a ``fused`` variant): ``q`` (None: ``q_rot``
     holds the rotated queries), ``new_k`` / ``new_v`` / ``new_loc`` / ``staging_scale`` (None: no
     write), ``key_rotated`` (the layer's flags or None), ``rotation``, ``out`` (the merge in the
     launch, into this tensor; absent: the caller merges). ``variant``: a name of ``GLUON_VARIANTS``
-    or a ``GluonVariant``. ``window_left``: a sliding-window layer's window, or None."""
+    or a ``GluonVariant``. ``window_left``: a sliding-window layer's window, or None. ``long_min``
+    (``decode._DecodeTuning.long_gluon``): the requests of at least that many tokens only (the
+    others' programs wait for the launch before and leave: nothing of theirs is stored)."""
     var = variant if isinstance(variant, G.GluonVariant) else G.gluon_variant(variant)
     args = kdecode.named_pool_arguments(pool.layer)
     base = var.name.removesuffix("_unfused")  # check_step's unfused copy: its registered form's checks
@@ -465,8 +472,10 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
             t = t.float()
         return t.reshape(-1).numpy() if dt is None else t.reshape(-1).view(dt).numpy()
 
-    po = np.full(part_o.numel(), np.nan, np.float32)
-    pl = np.full(part_lse.numel(), np.nan, np.float32)
+    # NaN where the launch must store; with long_min the rows of the other launch's requests are
+    # kept (the Triton stage 1's, before this one): whatever this launch stores over them shows
+    po = np.full(part_o.numel(), np.nan, np.float32) if long_min is None else flat(part_o).copy()
+    pl = np.full(part_lse.numel(), np.nan, np.float32) if long_min is None else flat(part_lse).copy()
     scale = args["scale_ptr"]
     qr = flat(q_rot).copy()
     stg_k, stg_v = flat(args["stg_k_ptr"]).copy(), flat(args["stg_v_ptr"]).copy()
@@ -512,6 +521,7 @@ def run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale,
                     BLOCK_H=block_h, D=d, BITS=args["BITS"], P=args["P"], G_K=args["G_K"], G_V=args["G_V"],
                     S=args["S"], BLOCK_N=block_n, BLOCK_T=var.staging_block or block_t, LK=None, LV=None, MMA=None,
                     LLOAD=None, **var.constexprs(),
+                    **({"long_min": np.int32(long_min), "DUAL": True} if long_min is not None else {}),
                 )  # fmt: skip
                 assert not ctx["copies"]["groups"] and not ctx["copies"]["open"], "the program left cp.async groups pending"
                 assert not any(ctx.get("tma", {}).values()), "the program left TMA copies pending"
@@ -748,6 +758,93 @@ def check_step(bits, scope, key_rotated, variant, seed=41, lens=(300, 97, 1000, 
     err_sp = rel_rms(out_sp, out)
     print(f"  split write ({split_write}): staging equal {same_sp}, output vs the fused step {err_sp:.2e}")
     return same, st, err, err_un, err_sp, same_sp
+
+
+@contextlib.contextmanager
+def stand_in_launches():
+    """Inside the block the launcher's Gluon stage 1 (``gluon_decode.gluon_stage1_launch``) runs its
+    source in this numpy stand-in (``run_stage1``) on the CPU, and ``gluon_available`` lets it: the
+    launcher's own code around it (workspaces, the Triton launches in the interpreter, the merge) as
+    on a GPU."""
+    saved = G.gluon_stage1_launch, G.gluon_available
+
+    def launch(*, q_rot, pool_args, group, kv_indptr, kv_page_indices, seq_lens, part_o, part_lse, sm_scale, block_n,
+               block_t, variant=G.DEFAULT_GLUON_VARIANT, fused=None, window_left=None, pdl=False,
+               launch_dependents=False, long_min=None):
+        layer = _LAUNCHED_LAYER["layer"]
+        pool = types.SimpleNamespace(layer=layer, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens)
+        f = fused or {}
+        out = f.get("out_ptr")
+        run_stage1(pool, q_rot, group, part_o, part_lse, block_n, block_t, sm_scale, variant=variant,
+                   fused=None if fused is None else {
+                       "q": f.get("q_ptr"), "new_k": f.get("new_k_ptr"), "new_v": f.get("new_v_ptr"),
+                       "new_loc": f.get("new_loc_ptr"), "staging_scale": f.get("stg_scale_ptr"),
+                       "key_rotated": layer.key_rotated, "rotation": layer.rotation, **({"out": out} if out is not None else {})},
+                   window_left=window_left, long_min=long_min)
+
+    G.gluon_stage1_launch, G.gluon_available = launch, lambda device=None: None
+    try:
+        yield
+    finally:
+        G.gluon_stage1_launch, G.gluon_available = saved
+
+
+#: The layer ``stand_in_launches``' launch reads (run_stage1 takes the pool's tensors from the layer
+#: object, which the launcher's keyword arguments do not carry whole).
+_LAUNCHED_LAYER: dict = {}
+
+
+def check_dual(bits, variant, long_min, lens=(300, 1000, 97, 64), seed=43, fmt=None, h=8, g=4, long_waves=20.0):
+    """The launcher's ``long_gluon`` step on the CPU (``stand_in_launches``: the Gluon launch's source
+    in the numpy stand-in, the Triton stage 1 and the merge in the interpreter): the Triton stage 1
+    for the requests shorter than ``long_min``, the Gluon ``variant`` for the others, one merge over
+    rows of two split counts (``long_waves`` makes the Gluon one larger). Against the same step taken
+    whole by the Triton stage 1 and whole by the Gluon one (the launcher's tuning with ``gluon``).
+    The last request is padding (its token to page 0, no staging slot). Returns (staging equal to the
+    Triton step's, the long requests' output rel. RMS vs the Gluon step, the short ones' vs the Triton
+    step, the two launches' split counts)."""
+    from oscar_sgl.kernels import oscar_decode_attention
+
+    d, p = 128, 128
+    cfg = OscarConfig(bits=bits, page_size=p, norm_scope="layer", **{**PAPER_FORMAT, **(fmt or {})})
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens_before_write(lens, p), device=torch.device("cpu"), seed=seed)
+             for _ in range(3)]
+    seq_lens = torch.tensor(list(lens[:-1]) + [lens[-1] - 1], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    k_new = torch.randn(len(lens), h, d, generator=gen).bfloat16()
+    v_new = torch.randn(len(lens), h, d, generator=gen).bfloat16()
+    q = torch.randn(len(lens), h * g, d, generator=gen).bfloat16()
+    last = [int(pools[0].kv_page_indices[int(pools[0].kv_indptr[b + 1]) - 1]) for b in range(len(lens))]
+    loc = torch.tensor([last[b] * p + (n - 1) % p for b, n in enumerate(lens[:-1])] + [5])
+    sm = 1.0 / math.sqrt(d)
+    base = kdecode._default_tuning(len(lens), h, d, p)
+    key_page = cfg.key_ranges == "page"
+    g_bn = kdecode.gluon_block_n(base.block_n, cfg.k_group, key_page)
+    g_var = variant or kdecode.gluon_lane_form(kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT,
+                                               kdecode.GLUON_LANE_FWHT_PAIRS)  # the launcher's "" (_long_gluon_form)
+    tunes = [dataclasses.replace(base, long_gluon=long_min, long_variant=variant, long_waves=long_waves), base,
+             dataclasses.replace(base, gluon=True, gluon_variant=g_var, block_n=g_bn, resident=kdecode.GLUON_RESIDENT,
+                                 waves=long_waves)]
+    outs = []
+    with stand_in_launches():
+        for pool, tune in zip(pools, tunes):
+            _LAUNCHED_LAYER["layer"] = pool.layer
+            n = kdecode.tuning_num_splits(tune, len(lens), h)
+            ws = kdecode.decode_workspace(len(lens), h * g, h, d, n, "cpu")
+            outs.append(oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr,
+                                               kv_page_indices=pool.kv_page_indices, seq_lens=seq_lens, sm_scale=sm,
+                                               new_k=k_new, new_v=v_new, new_loc=loc, staging_scale=pool.staging_scale,
+                                               out=torch.full(q.shape, float("nan")), workspace=ws, _tuning=tune))
+    long = seq_lens >= long_min
+    same = (torch.equal(pools[0].layer.staging_k.view(torch.int16), pools[1].layer.staging_k.view(torch.int16))
+            and torch.equal(pools[0].layer.staging_v.view(torch.int16), pools[1].layer.staging_v.view(torch.int16)))
+    err_long = rel_rms(outs[0][long], outs[2][long]) if long.any() else 0.0
+    err_short = rel_rms(outs[0][~long], outs[1][~long]) if (~long).any() else 0.0
+    splits = (kdecode.pick_num_splits(len(lens), h, waves=base.waves, resident=base.resident),
+              kdecode.long_gluon_splits(tunes[0], len(lens), h))
+    print(f"dual step INT{bits} {fmt or ''} long_min={long_min} splits (triton, gluon) {splits}: staging equal {same}, "
+          f"long requests vs the Gluon step {err_long:.2e}, short ones vs the Triton step {err_short:.2e}")
+    return same, err_long, err_short, splits
 
 
 def main() -> int:

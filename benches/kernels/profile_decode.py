@@ -67,7 +67,7 @@ def main() -> None:
     if bn != 0:
         tune = dataclasses.replace(tune, block_n=bn, num_warps=nw, num_stages=ns, waves=float(waves), maxnreg=mr or None,
                                    transposed=bool(tr))
-    splits = _dec.pick_num_splits(batch, H, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+    splits = _dec.tuning_num_splits(tune, batch, H)
     st = OscarSetup(args.bits, batch, ctx, 1, **fmt)
     ws = decode_workspace(batch, HQ, H, D, splits, DEV)
     run = st.call(0, tuning=tune, ws=ws, mode=args.mode)

@@ -1,7 +1,8 @@
 """Two decode tunings side by side: the launcher's own, with fields set as ``--a`` and as ``--b`` says.
 
 For each format, bit width and shape, the default decode step (the write, the query rotation and the
-merge as the backend runs them, ``bench_decode``'s ``fused`` call) over the same pool and split count,
+merge as the backend runs them, ``bench_decode``'s ``fused`` call) over the same pool (an arm whose
+split count differs, e.g. ``long_gluon``'s, gets a workspace of its own: ``decode.tuning_num_splits``),
 CUDA graphs over distinct KV copies, once with the launcher's tuning (``decode._launch_tuning``)
 changed by ``--a`` and once by ``--b``, ``--repeats`` times interleaved (run-to-run drift shows). The
 two outputs must agree (relative RMS <= ``--agree``) or the script stops. Needs a CUDA GPU and SGLang
@@ -122,14 +123,15 @@ def main() -> int:
                 launcher = bench["launcher_tuning"](bits, b, **fmt)
                 tunes = {k: dataclasses.replace(launcher, **variant_suffix(v, launcher)) for k, v in arm.items()}
                 st, ws, _, copies = bench["_default_launch_setup"](bits, b, ctx, args.budget, launcher, **fmt)
-                for k, t in tunes.items():
-                    splits = decode.pick_num_splits(b, bench["H"], waves=t.waves, resident=t.resident, fit=t.fit)
-                    if splits + 1 != ws[0].shape[2]:
-                        raise SystemExit(f"arm {k} changes the split count ({splits}): compare tunings of one split count")
+                wss, splits = {}, {}
+                for k, t in tunes.items():  # an arm of another split count gets a workspace of its own
+                    splits[k] = decode.tuning_num_splits(t, b, bench["H"])
+                    wss[k] = ws if splits[k] + 1 == ws[0].shape[2] else decode.decode_workspace(
+                        b, bench["HQ"], bench["H"], bench["D"], splits[k], bench["DEV"])
                 outs = {}
                 for k, t in tunes.items():
                     with gluon_source(decode, source[k]):
-                        st.call(0, tuning=t, ws=ws)()
+                        st.call(0, tuning=t, ws=wss[k])()
                     torch.cuda.synchronize()
                     outs[k] = st.out.clone()
                 agree = bench["rel_rms"](outs["b"], outs["a"])
@@ -139,15 +141,16 @@ def main() -> int:
                 for rep in range(args.repeats):
                     for k, t in tunes.items():
                         with gluon_source(decode, source[k]):
-                            times[k].append(bench["time_calls"]([st.call(c, tuning=t, ws=ws) for c in range(copies)])["us"])
+                            times[k].append(bench["time_calls"]([st.call(c, tuning=t, ws=wss[k]) for c in range(copies)])["us"])
                     print(f"RESULT {fmt_name} INT{bits} ({b},{ctx}) repeat {rep}: a {times['a'][-1]:.1f} us, "
                           f"b {times['b'][-1]:.1f} us ({times['b'][-1] / times['a'][-1]:.3f}x a)", flush=True)
                 ran = launcher.gluon_variant if launcher.gluon else "triton"
                 ma, mb = statistics.median(times["a"]), statistics.median(times["b"])
                 rows.append({"format": fmt_name, "bits": bits, "batch": b, "ctx": ctx, "ran": ran,
-                             "num_splits": ws[0].shape[2] - 1, "a_us": times["a"], "b_us": times["b"],
+                             "num_splits": splits["a"] if splits["a"] == splits["b"] else f"{splits['a']} / {splits['b']}",
+                             "a_us": times["a"], "b_us": times["b"],
                              "a_median_us": ma, "b_median_us": mb, "b_over_a": mb / ma, "agree_rel_rms": agree})
-                del st, ws
+                del st, ws, wss
                 torch.cuda.empty_cache()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,7 @@ def main() -> int:
                     tune = dataclasses.replace(launcher, split_write=False, split_rotation=False, split_pdl=False)
                     if st is None:
                         st, ws, _, copies = bench["_default_launch_setup"](bits, b, ctx, args.budget, tune, **fmt)
-                    splits = decode.pick_num_splits(b, bench["H"], waves=tune.waves, resident=tune.resident, fit=tune.fit)
+                    splits = decode.tuning_num_splits(tune, b, bench["H"])
                     if ws[0].shape[2] != splits + 1:
                         ws = decode.decode_workspace(b, bench["HQ"], bench["H"], bench["D"], splits, bench["DEV"])
                     ran = (tune.gluon_variant if tune.gluon else "triton") + (" + split_pdl" if launcher.split_pdl else "")
