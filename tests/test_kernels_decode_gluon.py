@@ -1354,3 +1354,25 @@ def test_long_gluon_replays_across_its_threshold_from_one_cuda_graph(bits, nan_e
         assert rel_rms(out_s, eager[i]) < 1e-6, i
     assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
     assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_long_gluon_leaves_sliding_window_layers_on_the_triton_stage_1(bits, nan_empty):
+    """A sliding-window layer under a ``long_gluon`` tuning (a hybrid model's local layers at one batch
+    size): every request stays on the Triton stage 1 (no Gluon launch: the window bounds the tiles),
+    at the Triton split count inside the workspace sized for the Gluon one, and the output is the
+    Triton step's with the same window (1e-6: the merge reads rows of the larger count)."""
+    cfg = OscarConfig(bits=bits, page_size=128)
+    lens = [700, 300, 129]
+    pool = build_pool(cfg, h=2, d=128, p=128, lens=lens, device=torch.device(DEVICE), seed=31 + bits)
+    q = torch.randn(3, 8, 128, generator=torch.Generator().manual_seed(bits)).bfloat16().to(DEVICE)
+    tune = dataclasses.replace(kdecode._default_tuning(3, 2, 128, 128), long_gluon=1, long_waves=40.0)
+    n = kdecode.tuning_num_splits(tune, 3, 2)
+    assert n > kdecode.pick_num_splits(3, 2, waves=tune.waves)
+    kw = dict(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr, kv_page_indices=pool.kv_page_indices,
+              seq_lens=pool.seq_lens, sm_scale=1.0 / math.sqrt(128), window_left=200)
+    out = oscar_decode_attention(**kw, out=torch.full(q.shape, float("nan"), device=DEVICE), _tuning=tune,
+                                 workspace=kdecode.decode_workspace(3, 8, 2, 128, n, DEVICE))
+    ref = oscar_decode_attention(**kw, out=torch.full(q.shape, float("nan"), device=DEVICE),
+                                 _tuning=dataclasses.replace(tune, long_gluon=0, fused_merge=False))
+    assert rel_rms(out, ref) < 1e-6

@@ -1156,9 +1156,12 @@ def oscar_decode_attention(
         reason = merge_pdl_reason(q.device)
         if reason is not None:
             raise ValueError(f"_DecodeTuning.merge_pdl: {reason}")
-    long_min = tune.long_gluon if window is None else 0  # (a sliding-window layer: the Triton stage 1 alone)
+    long_min = tune.long_gluon
     if long_min:
-        long_variant, long_bn = _long_gluon_form(tune, layer, group=group, head_dim=d, page_size=p, device=q.device)
+        if window is None:
+            long_variant, long_bn = _long_gluon_form(tune, layer, group=group, head_dim=d, page_size=p, device=q.device)
+        else:  # a sliding-window layer: every request on the Triton stage 1 (its window bounds the tiles), no Gluon launch
+            long_min = 2**31 - 1
         n_short = pick_num_splits(b, h, waves=tune.waves, resident=tune.resident, fit=tune.fit)
         if n_short > num_splits:
             raise ValueError(f"_DecodeTuning.long_gluon: the workspace holds {num_splits} splits, fewer than the Triton "
@@ -1173,19 +1176,20 @@ def oscar_decode_attention(
         _triton_stage1(q=q, layer=layer, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices, seq_lens=seq_lens,
                        q_rot=q_rot, q_scratch=q_scratch, part_o=part_o, part_lse=part_lse, counters=counters, out=out,
                        write=write, new_k=new_k, new_v=new_v, new_loc=new_loc, staging_scale=staging_scale,
-                       new_strides=new_strides, sm_scale=sm_scale, window=None, rotate=rotate, group=group,
+                       new_strides=new_strides, sm_scale=sm_scale, window=window, rotate=rotate, group=group,
                        num_splits=n_short, tune=tune, fused_merge=False, launch_dependents=False, long_min=long_min)
         fused = {"q_ptr": q if q_rot is None else None,
                  **key_mask_arguments(layer.key_rotated, rotation=layer.rotation, num_kv_heads=h, device=q.device,
                                       placeholder=seq_lens), **rotate}
         if write:
             fused.update(new_k_ptr=new_k, new_v_ptr=new_v, new_loc_ptr=new_loc, stg_scale_ptr=staging_scale)
-        gluon_decode.gluon_stage1_launch(q_rot=q_rot if q_rot is not None else q_scratch, pool_args=named_pool_arguments(layer),
-                                         group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
-                                         seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
-                                         block_n=long_bn, block_t=tune.block_t, variant=long_variant, fused=fused,
-                                         launch_dependents=tune.merge_pdl, long_min=long_min)
-        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl, one_pass=_one_pass(tune, part_o),
+        if window is None:
+            gluon_decode.gluon_stage1_launch(q_rot=q_rot if q_rot is not None else q_scratch, pool_args=named_pool_arguments(layer),
+                                             group=group, kv_indptr=kv_indptr, kv_page_indices=kv_page_indices,
+                                             seq_lens=seq_lens, part_o=part_o, part_lse=part_lse, sm_scale=sm_scale,
+                                             block_n=long_bn, block_t=tune.block_t, variant=long_variant, fused=fused,
+                                             launch_dependents=tune.merge_pdl, long_min=long_min)
+        merge_launch(part_o, part_lse, out, pdl=tune.merge_pdl and window is None, one_pass=_one_pass(tune, part_o),
                      dual=(seq_lens, long_min, n_short + 1))
         return out
     if tune.gluon and gluon_decode.gluon_variant(tune.gluon_variant).fused:
