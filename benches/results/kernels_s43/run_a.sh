@@ -8,7 +8,7 @@
 # graph tests around it; (2) whole steps side by side, the launcher's tuning with long_gluon=0 (the Triton
 # stage 1 alone) against long_gluon=1 (every length on the Gluon launch) and against long_gluon=2^30 (the
 # Gluon launch empty: what the dual step costs where it does not take a request); the lane form against the
-# plain one, the merge as a dependent launch, 15.5 programs per SM.
+# plain one, the register-prefetch variant (168 registers), the merge as a dependent launch, 15.5 programs per SM.
 set -u
 t0=$SECONDS
 source benches/results/kernels_gluon_s37/prelude.sh
@@ -22,7 +22,8 @@ OMP_NUM_THREADS=1 timeout ${TESTS_S:-170} python3 -m pytest -p no:cacheprovider 
   -k "long_gluon or long_requests or single_requests_hand or takes_the_gluon_step or default_decode_runs or (graph and not cpu) or real_sizes" \
   > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/gpu_tests.log"
-ab() {  # name, a, b, formats, bits, shapes
+ab() {  # name, a, b, formats, bits, shapes (left out once the call has run STOP_AT s)
+  [ $((SECONDS - t0)) -lt ${STOP_AT:-520} ] || { echo "$1 left out at $((SECONDS - t0)) s"; return; }
   timeout ${AB_S:-150} python3 benches/kernels/tuning_ab.py --a "$2" --b "$3" --agree 1e-2 --formats "$4" --bits "$5" \
     --repeats 3 --shapes "$6" --out "$OUT/$1" > "$OUT/$1.log" 2>&1
   echo "$1 rc $? at $((SECONDS - t0)) s"; cat "$OUT/$1/ab.md" 2>/dev/null || tail -5 "$OUT/$1.log"
@@ -32,6 +33,7 @@ ab ab_long_page long_gluon=0 long_gluon=1 page 2,4 1x32768,1x65536,1x131072
 ab ab_empty long_gluon=0 long_gluon=1073741824 group,page 2 1x2048,1x8192,1x32768
 ab ab_forms long_gluon=1 "long_gluon=1,long_variant='dnp_r128fslwnkv'" group 2,4 1x131072
 ab ab_pdl long_gluon=1 long_gluon=1,merge_pdl=True group 2 1x65536,1x131072
+ab ab_rp long_gluon=1 "long_gluon=1,long_variant='rp_r168fslwnk'" group 2 1x65536,1x131072
 ab ab_waves long_gluon=1 long_gluon=1,long_waves=15.5 group 2 1x65536,1x131072
 wait
 tail -3 "$OUT/authors_build.log" 2>/dev/null
