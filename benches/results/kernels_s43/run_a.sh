@@ -35,6 +35,7 @@ ab ab_forms long_gluon=1 "long_gluon=1,long_variant='dnp_r128fslwnkv'" group 2,4
 ab ab_pdl long_gluon=1 long_gluon=1,merge_pdl=True group 2 1x65536,1x131072
 ab ab_rp long_gluon=1 "long_gluon=1,long_variant='rp_r168fslwnk'" group 2 1x65536,1x131072
 ab ab_waves long_gluon=1 long_gluon=1,long_waves=15.5 group 2 1x65536,1x131072
-wait
+while [ -n "$(jobs -r)" ] && [ $((SECONDS - t0)) -lt ${WAIT_UNTIL:-585} ]; do sleep 5; done  # the authors' build
+echo "left at $((SECONDS - t0)) s"
 tail -3 "$OUT/authors_build.log" 2>/dev/null
 ls -la "$OUT" | head -30
