@@ -2,8 +2,8 @@
 # Session 43, call A (repo root, carry [".bundle", "dist", ".peers"]): a single request's long contexts on a
 # Gluon stage 1 of their own (_DecodeTuning.long_gluon: the Triton stage 1 keeps the requests shorter than
 # the threshold, a Gluon launch at 12 programs per SM, its programmatic dependent, takes the others; one
-# merge over both split counts). (0) the OScaR authors' kernel built in the background for call B's
-# regeneration (10 of the 16 cores; the .so is left in $OUT and in /tmp/oscar-authors-build); (1) the GPU
+# merge over both split counts). (0) with NO_AUTHORS=0, the OScaR authors' kernel built in the background for
+# call B's regeneration (10 of the 16 cores; the .so is left in $OUT and in /tmp/oscar-authors-build); (1) the GPU
 # tests of the new path (against each launch alone, one CUDA graph across the threshold) and the routing and
 # graph tests around it; (2) whole steps side by side, the launcher's tuning with long_gluon=0 (the Triton
 # stage 1 alone) against long_gluon=1 (every length on the Gluon launch) and against long_gluon=2^30 (the
@@ -13,7 +13,7 @@ set -u
 t0=$SECONDS
 source benches/results/kernels_gluon_s37/prelude.sh
 export PYTHONPATH=$PWD/benches/serving/stand_in:$PYTHONPATH SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
-if [ "${NO_AUTHORS:-0}" != 1 ] && ! ls /tmp/oscar-authors-build/oscar_cuda*.so >/dev/null 2>&1; then
+if [ "${NO_AUTHORS:-1}" != 1 ] && ! ls /tmp/oscar-authors-build/oscar_cuda*.so >/dev/null 2>&1; then
   (MAX_JOBS=${AUTHORS_JOBS:-10} bash benches/peers/build_oscar_authors.sh /tmp/oscar-authors-build > "$OUT/authors_build.log" 2>&1;
    echo "authors build rc $? at $((SECONDS - t0)) s" >> "$OUT/authors_build.log") &
 fi
@@ -23,7 +23,7 @@ OMP_NUM_THREADS=1 timeout ${TESTS_S:-170} python3 -m pytest -p no:cacheprovider 
   > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/gpu_tests.log"
 ab() {  # name, a, b, formats, bits, shapes (left out once the call has run STOP_AT s)
-  [ $((SECONDS - t0)) -lt ${STOP_AT:-520} ] || { echo "$1 left out at $((SECONDS - t0)) s"; return; }
+  [ $((SECONDS - t0)) -lt ${STOP_AT:-440} ] || { echo "$1 left out at $((SECONDS - t0)) s"; return; }
   timeout ${AB_S:-150} python3 benches/kernels/tuning_ab.py --a "$2" --b "$3" --agree 1e-2 --formats "$4" --bits "$5" \
     --repeats 3 --shapes "$6" --out "$OUT/$1" > "$OUT/$1.log" 2>&1
   echo "$1 rc $? at $((SECONDS - t0)) s"; cat "$OUT/$1/ab.md" 2>/dev/null || tail -5 "$OUT/$1.log"
