@@ -819,8 +819,12 @@ GLUON_LANE_FWHT_PAIRS = 128
 #: Below the Gluon default's pairs (``GLUON_DEFAULT_PAIRS``: single requests at 8 KV heads), the
 #: requests of at least this many tokens take a Gluon stage 1 of their own at ``long_waves`` programs
 #: per SM (``_DecodeTuning.long_gluon``: decided on the device per request, one CUDA graph per batch
-#: size); 0: the Triton stage 1 takes every length.
-LONG_GLUON_TOKENS = 65536
+#: size); 0: the Triton stage 1 takes every length. 0 until the dual step has run on a GPU: session
+#: 43 prepared it (CPU-tested; sm_90 SASS compiled) but got no device machine to run its GPU tests
+#: or time it; ``benches/results/kernels_s43/run_a.sh`` does both and times 65536 as the threshold
+#: (the Gluon stage 1 at 197 splits: 1.15-1.17x the Triton step at (1, 131072) INT2, 0.89x at
+#: (1, 32768); H100, session 42).
+LONG_GLUON_TOKENS = 0
 
 
 def gluon_lane_form(variant: str, pairs: int) -> str:

@@ -17,20 +17,21 @@ if [ "${NO_AUTHORS:-1}" != 1 ] && ! ls /tmp/oscar-authors-build/oscar_cuda*.so >
   (MAX_JOBS=${AUTHORS_JOBS:-10} bash benches/peers/build_oscar_authors.sh /tmp/oscar-authors-build > "$OUT/authors_build.log" 2>&1;
    echo "authors build rc $? at $((SECONDS - t0)) s" >> "$OUT/authors_build.log") &
 fi
-OMP_NUM_THREADS=1 timeout ${TESTS_S:-170} python3 -m pytest -p no:cacheprovider -p no:benchmark -n 4 -q --timeout=150 -rfE \
+OMP_NUM_THREADS=1 timeout ${TESTS_S:-150} python3 -m pytest -p no:cacheprovider -p no:benchmark -n 4 -q --timeout=150 -rfE \
   tests/test_kernels_decode_gluon.py tests/test_kernels_decode.py tests/test_sglang_kernel_path.py \
   -k "long_gluon or long_requests or single_requests_hand or takes_the_gluon_step or default_decode_runs or (graph and not cpu) or real_sizes" \
   > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc $? at $((SECONDS - t0)) s"; tail -4 "$OUT/gpu_tests.log"
 ab() {  # name, a, b, formats, bits, shapes (left out once the call has run STOP_AT s)
-  [ $((SECONDS - t0)) -lt ${STOP_AT:-440} ] || { echo "$1 left out at $((SECONDS - t0)) s"; return; }
+  [ $((SECONDS - t0)) -lt ${STOP_AT:-330} ] || { echo "$1 left out at $((SECONDS - t0)) s"; return; }
   timeout ${AB_S:-150} python3 benches/kernels/tuning_ab.py --a "$2" --b "$3" --agree 1e-2 --formats "$4" --bits "$5" \
     --repeats 3 --shapes "$6" --out "$OUT/$1" > "$OUT/$1.log" 2>&1
   echo "$1 rc $? at $((SECONDS - t0)) s"; cat "$OUT/$1/ab.md" 2>/dev/null || tail -5 "$OUT/$1.log"
 }
-ab ab_long_group long_gluon=0 long_gluon=1 group 2,4 1x32768,1x49152,1x65536,1x98304,1x131072
-ab ab_long_page long_gluon=0 long_gluon=1 page 2,4 1x32768,1x65536,1x131072
-ab ab_empty long_gluon=0 long_gluon=1073741824 group,page 2 1x2048,1x8192,1x32768
+ab ab_long_group long_gluon=0 long_gluon=1 group 2,4 1x32768,1x65536,1x131072
+ab ab_empty long_gluon=0 long_gluon=1073741824 group,page 2 1x2048,1x8192
+ab ab_long_page long_gluon=0 long_gluon=1 page 2,4 1x65536,1x131072
+ab ab_long_group2 long_gluon=0 long_gluon=1 group 2,4 1x49152,1x98304
 ab ab_forms long_gluon=1 "long_gluon=1,long_variant='dnp_r128fslwnkv'" group 2,4 1x131072
 ab ab_pdl long_gluon=1 long_gluon=1,merge_pdl=True group 2 1x65536,1x131072
 ab ab_rp long_gluon=1 "long_gluon=1,long_variant='rp_r168fslwnk'" group 2 1x65536,1x131072
