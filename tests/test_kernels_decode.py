@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, build_pool, default_decode_bound, gpu,
-                                 needs_cuda, reference_decode, rel_rms)
+from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, build_pool, check_graph_replays,
+                                 default_decode_bound, gpu, needs_cuda, reference_decode, rel_rms)
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import PAPER_FORMAT, OscarConfig, OscarConfigError
@@ -445,52 +445,11 @@ def test_decode_fused_launch_replays_from_a_cuda_graph(bits, nan_empty):
     """The backend's decode launch (query rotation, write, attention, merge) captured once in a CUDA
     graph and replayed for two consecutive steps with new lengths, slots, tokens and queries in the
     captured buffers gives what eager launches give: outputs and staged bytes."""
-    p, h, g, d = 128, 8, 4, 128
-    cfg = OscarConfig(bits=bits, page_size=p)
-    lens = [1000, 300, 129]
-    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens, device=torch.device("cuda"), seed=12) for _ in range(2)]
-    gen = torch.Generator(device="cuda").manual_seed(13)
-    steps = [(torch.randn(3, h * g, d, device="cuda", generator=gen).bfloat16(),
-              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16(),
-              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16()) for _ in range(2)]
-
-    def slots(pool, n_tokens):
-        last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(3)]
-        return torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last, n_tokens)], device="cuda")
-
-    eager = []
-    for i, (q, k_new, v_new) in enumerate(steps):
-        n_tokens = [n + 1 + i for n in lens]
-        pools[0].seq_lens = torch.tensor(n_tokens, dtype=torch.int32, device="cuda")
-        eager.append(_decode(pools[0], q, out=torch.empty(q.shape, device="cuda"), new_k=k_new, new_v=v_new,
-                             new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale, tune=dict(num_splits=7)))
-    pool = pools[1]
-    q_s, k_s, v_s = (t.clone() for t in steps[0])
-    loc_s = slots(pool, [n + 1 for n in lens])
-    pool.seq_lens = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device="cuda")
-    out_s = torch.empty(q_s.shape, device="cuda")
-    ws = decode_workspace(3, h * g, h, d, 7, "cuda")
-    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, workspace=ws,
-              tune=dict(fused_merge=True))
-    _decode(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _decode(pool, q_s, **kw)
-    for i, (q, k_new, v_new) in enumerate(steps):
-        n_tokens = [n + 1 + i for n in lens]
-        q_s.copy_(q)
-        k_s.copy_(k_new)
-        v_s.copy_(v_new)
-        loc_s.copy_(slots(pool, n_tokens))
-        pool.seq_lens.copy_(torch.tensor(n_tokens, dtype=torch.int32))
-        out_s.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel_rms(out_s, eager[i]) < 1e-6
+    ws = decode_workspace(3, 8 * 4, 8, 128, 7, "cuda")
+    check_graph_replays(OscarConfig(bits=bits, page_size=128), [1000, 300, 129], [1, 2],
+                        lambda pool, q, **kw: _decode(pool, q, tune=dict(num_splits=7), **kw),
+                        lambda pool, q, **kw: _decode(pool, q, workspace=ws, tune=dict(fused_merge=True), **kw))
     assert int(ws[2].abs().sum()) == 0
-    assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
-    assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
 
 
 @pytest.mark.parametrize("bits", [2, 4])

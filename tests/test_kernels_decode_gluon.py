@@ -18,8 +18,8 @@ import types
 import numpy as np
 import pytest
 import torch
-from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, gpu, lens_before_write,
-                                 needs_cuda, reference_decode, rel_rms, variant_bound)
+from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, check_graph_replays, gpu,
+                                 lens_before_write, needs_cuda, reference_decode, rel_rms, variant_bound)
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import INT2_FORMAT, PAPER_FORMAT
@@ -1303,59 +1303,17 @@ def test_long_gluon_replays_across_its_threshold_from_one_cuda_graph(bits, nan_e
     request short, replayed for a step where the first request reaches ``long_gluon`` tokens (and a
     step back below it), it gives what eager launches give (outputs and staged bytes): the choice is
     the device's, per request."""
-    p, h, g, d = 128, 8, 4, 128
-    cfg = OscarConfig(bits=bits, page_size=p)
-    lens = [1000, 300, 129]
-    tune = dict(long_gluon=1002, long_waves=24.0)
-    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens, device=torch.device("cuda"), seed=22) for _ in range(2)]
-    gen = torch.Generator(device="cuda").manual_seed(23)
-    shift = (1, 2, 1)  # tokens after the cached ones: request 0 at 1001 (short), 1002 (long), 1001
-    steps = [(torch.randn(3, h * g, d, device="cuda", generator=gen).bfloat16(),
-              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16(),
-              torch.randn(3, h, d, device="cuda", generator=gen).bfloat16()) for _ in shift]
-
-    def slots(pool, n_tokens):
-        last = [int(pool.kv_page_indices[int(pool.kv_indptr[b + 1]) - 1]) for b in range(3)]
-        return torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last, n_tokens)], device="cuda")
+    tuning = dataclasses.replace(kdecode._default_tuning(3, 8, 128, 128), long_gluon=1002, long_waves=24.0)
+    ws = kdecode.decode_workspace(3, 32, 8, 128, kdecode.tuning_num_splits(tuning, 3, 8), "cuda")
 
     def step(pool, q, **kw):
-        tuning = dataclasses.replace(kdecode._default_tuning(3, h, d, p), **tune)
         return oscar_decode_attention(q=q, **pool.pool_kwargs(), kv_indptr=pool.kv_indptr,
                                       kv_page_indices=pool.kv_page_indices, seq_lens=pool.seq_lens,
-                                      sm_scale=1.0 / math.sqrt(d), _tuning=tuning, **kw)
+                                      sm_scale=1.0 / math.sqrt(128), _tuning=tuning, **kw)
 
-    eager = []
-    for (q, k_new, v_new), s in zip(steps, shift):
-        n_tokens = [n + s for n in lens]
-        pools[0].seq_lens = torch.tensor(n_tokens, dtype=torch.int32, device="cuda")
-        eager.append(step(pools[0], q, out=torch.empty(q.shape, device="cuda"), new_k=k_new, new_v=v_new,
-                          new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale))
-    pool = pools[1]
-    q_s, k_s, v_s = (t.clone() for t in steps[0])
-    loc_s = slots(pool, [n + 1 for n in lens])
-    pool.seq_lens = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device="cuda")
-    out_s = torch.empty(q_s.shape, device="cuda")
-    n = kdecode.tuning_num_splits(dataclasses.replace(kdecode._default_tuning(3, h, d, p), **tune), 3, h)
-    ws = kdecode.decode_workspace(3, h * g, h, d, n, "cuda")
-    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale, workspace=ws)
-    step(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(pool, q_s, **kw)
-    for i, ((q, k_new, v_new), s) in enumerate(zip(steps, shift)):
-        n_tokens = [n + s for n in lens]
-        q_s.copy_(q)
-        k_s.copy_(k_new)
-        v_s.copy_(v_new)
-        loc_s.copy_(slots(pool, n_tokens))
-        pool.seq_lens.copy_(torch.tensor(n_tokens, dtype=torch.int32))
-        out_s.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert rel_rms(out_s, eager[i]) < 1e-6, i
-    assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
-    assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
+    # request 0 at 1001 tokens (short), 1002 (long), 1001 again
+    check_graph_replays(OscarConfig(bits=bits, page_size=128), [1000, 300, 129], [1, 2, 1], step,
+                        lambda pool, q, **kw: step(pool, q, workspace=ws, **kw), seed=22)
 
 
 @pytest.mark.parametrize("bits", [2, 4])

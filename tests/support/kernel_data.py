@@ -293,3 +293,56 @@ def query_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
     blocks = [R.seal(k[:, s:s + p], v[:, s:s + p], cfg, key_rotated) for s in range(0, own, p)]
     return R.decode_attention(q, [kb for kb, _ in blocks], [vb for _, vb in blocks], k[:, own:pos + 1], v[:, own:pos + 1],
                               cfg, sm_scale, key_rotated=key_rotated, window_left=window_left)
+
+
+def check_graph_replays(cfg: OscarConfig, lens: list[int], shifts: list[int], eager_step, graph_step, *, h: int = 8,
+                        g: int = 4, d: int = 128, seed: int = 12) -> torch.Tensor:
+    """A decode step with the new token's write, eager on one pool and from one CUDA graph on a copy:
+    ``eager_step(pool, q, **kw)`` runs each step on the first pool, ``graph_step(pool, q, **kw)`` is
+    run once (compiles; stores step 0's token, as replay 0 does again), captured, and replayed with
+    each step's lengths (``lens`` + that step's shift), slots, tokens and queries copied into the
+    captured buffers. Asserts each replay's output within 1e-6 of the eager one and the same staged
+    bytes at the end. ``kw`` carries ``out``, ``new_k``, ``new_v``, ``new_loc``, ``staging_scale``.
+    Returns the graph pool's seq_lens (the captured buffer)."""
+    p, b = cfg.page_size, len(lens)
+    pools = [build_pool(cfg, h=h, d=d, p=p, lens=lens, device=torch.device("cuda"), seed=seed) for _ in range(2)]
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    steps = [(torch.randn(b, h * g, d, device="cuda", generator=gen).bfloat16(),
+              torch.randn(b, h, d, device="cuda", generator=gen).bfloat16(),
+              torch.randn(b, h, d, device="cuda", generator=gen).bfloat16()) for _ in shifts]
+
+    def slots(pool, n_tokens):
+        last = [int(pool.kv_page_indices[int(pool.kv_indptr[i + 1]) - 1]) for i in range(b)]
+        return torch.tensor([pg * p + (n - 1) % p for pg, n in zip(last, n_tokens)], device="cuda")
+
+    eager = []
+    for (q, k_new, v_new), s in zip(steps, shifts):
+        n_tokens = [n + s for n in lens]
+        pools[0].seq_lens = torch.tensor(n_tokens, dtype=torch.int32, device="cuda")
+        eager.append(eager_step(pools[0], q, out=torch.empty(q.shape, device="cuda"), new_k=k_new, new_v=v_new,
+                                new_loc=slots(pools[0], n_tokens), staging_scale=pools[0].staging_scale))
+    pool = pools[1]
+    q_s, k_s, v_s = (t.clone() for t in steps[0])
+    loc_s = slots(pool, [n + shifts[0] for n in lens])
+    pool.seq_lens = torch.tensor([n + shifts[0] for n in lens], dtype=torch.int32, device="cuda")
+    out_s = torch.empty(q_s.shape, device="cuda")
+    kw = dict(out=out_s, new_k=k_s, new_v=v_s, new_loc=loc_s, staging_scale=pool.staging_scale)
+    graph_step(pool, q_s, **kw)  # compile outside the capture (writes step 0's token, as replay 0 does again)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_step(pool, q_s, **kw)
+    for i, ((q, k_new, v_new), s) in enumerate(zip(steps, shifts)):
+        n_tokens = [n + s for n in lens]
+        q_s.copy_(q)
+        k_s.copy_(k_new)
+        v_s.copy_(v_new)
+        loc_s.copy_(slots(pool, n_tokens))
+        pool.seq_lens.copy_(torch.tensor(n_tokens, dtype=torch.int32))
+        out_s.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_rms(out_s, eager[i]) < 1e-6, i
+    assert torch.equal(pools[0].layer.staging_k.view(torch.int16), pool.layer.staging_k.view(torch.int16))
+    assert torch.equal(pools[0].layer.staging_v.view(torch.int16), pool.layer.staging_v.view(torch.int16))
+    return pool.seq_lens
