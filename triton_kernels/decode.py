@@ -554,7 +554,9 @@ class _DecodeTuning:
             few (request, KV head) pairs, so only a split count much larger than the Triton stage
             1's fills the GPU with the Gluon program's registers, and at short contexts those many
             short programs lose to the Triton stage 1 (session 33, 42): this gives each length its
-            faster form.
+            faster stage 1, at a fixed price: the Gluon launch's whole grid runs on every step (H100,
+            session 43: 0.88-0.94x the Triton step's time at (1, 131072), but 3.1-3.7 us more per step
+            where it takes no request), so the launcher leaves it off (``LONG_GLUON_TOKENS``).
         long_variant: with ``long_gluon``, the Gluon variant (a ``fused`` one); "": the ``lane_fwht``
             form of the Gluon default for the pool's format (``GLUON_DEFAULT_VARIANT``,
             ``GLUON_DEFAULT_PAGE_VARIANT`` + "h": with this launch's code the plain paper-format form
@@ -819,11 +821,13 @@ GLUON_LANE_FWHT_PAIRS = 128
 #: Below the Gluon default's pairs (``GLUON_DEFAULT_PAIRS``: single requests at 8 KV heads), the
 #: requests of at least this many tokens take a Gluon stage 1 of their own at ``long_waves`` programs
 #: per SM (``_DecodeTuning.long_gluon``: decided on the device per request, one CUDA graph per batch
-#: size); 0: the Triton stage 1 takes every length. 0 until the dual step has run on a GPU: session
-#: 43 prepared it (CPU-tested; sm_90 SASS compiled) but got no device machine to run its GPU tests
-#: or time it; ``benches/results/kernels_s43/run_a.sh`` does both and times 65536 as the threshold
-#: (the Gluon stage 1 at 197 splits: 1.15-1.17x the Triton step at (1, 131072) INT2, 0.89x at
-#: (1, 32768); H100, session 42).
+#: size); 0 (the default): the Triton stage 1 takes every length. H100, session 43, whole steps side
+#: by side, one request at 8 KV heads (benches/results/kernels_s43/): every length on the Gluon launch
+#: against the Triton stage 1 alone, paper format INT2 / INT4: 1.285 / 1.290 of the time at 32768
+#: tokens, 1.047 / 1.069 at 65536, 0.942 (INT2) at 98304, 0.884 / 0.944 at 131072 (server format
+#: 1.125 / 1.022 at 65536, 0.941 / 0.883 at 131072); but where the Gluon launch takes no request its
+#: empty grid costs the step 3.1-3.7 us (1.21-1.30x at 2K-8K tokens, 1.12-1.14x at 32K). So no
+#: threshold pays for every length, and the rule stays off: ``long_gluon`` is an opt-in.
 LONG_GLUON_TOKENS = 0
 
 
