@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 44, call A (repo root, carry [".bundle", "dist", ".peers"]): (0) the OScaR authors' kernel built in
+# Session 44, call A (repo root, carry [".bundle", "dist", ".peers"]): (0) with AUTHORS=1, the OScaR authors' kernel built in
 # the background for call B's regeneration (10 of the 16 cores; left in /tmp/oscar-authors-build and, xz'd, in
 # $OUT); (1) the kernel GPU test files whole (Gluon decode, write, decode, kernel path, page grid; extend and
 # seal at the end while time is left), which sessions 43 and 42 ran only in part; (2) two A/Bs of long_gluon.
@@ -7,7 +7,7 @@ set -u
 t0=$SECONDS
 source benches/results/kernels_gluon_s37/prelude.sh
 export PYTHONPATH=$PWD/benches/serving/stand_in:$PYTHONPATH SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
-if ! ls /tmp/oscar-authors-build/oscar_cuda*.so >/dev/null 2>&1; then
+if [ "${AUTHORS:-0}" = 1 ] && ! ls /tmp/oscar-authors-build/oscar_cuda*.so >/dev/null 2>&1; then
   (MAX_JOBS=${AUTHORS_JOBS:-10} bash benches/peers/build_oscar_authors.sh /tmp/oscar-authors-build > "$OUT/authors_build.log" 2>&1;
    echo "authors build rc $? at $((SECONDS - t0)) s" >> "$OUT/authors_build.log") &
 fi
