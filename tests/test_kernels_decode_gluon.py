@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import types
 
 import numpy as np
 import pytest
 import torch
 from support.kernel_data import (ATTN_BOUND_BF16_OUT, ATTN_BOUND_FP32_OUT, DEVICE, HAS_CUDA, build_pool, check_graph_replays, gpu,
-                                 lens_before_write, needs_cuda, reference_decode, rel_rms, variant_bound)
+                                 lens_before_write, needs_cuda, needs_interpreter, reference_decode, rel_rms, variant_bound)
 
 from oscar_sgl import reference as R
 from oscar_sgl.config import INT2_FORMAT, PAPER_FORMAT
@@ -148,16 +147,6 @@ def _source_paths() -> dict[str, str]:
     return {name: name for name in seen.values()}
 
 
-# The numpy stand-in compares the Gluon source with the Triton kernels run on CPU tensors, i.e. in
-# Triton's interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets where there is no GPU). In a
-# GPU process the Triton kernels are compiled for CUDA and cannot take CPU tensors; there the gpu
-# tests of this file check the compiled Gluon kernel itself.
-_needs_interpreter = pytest.mark.skipif(
-    torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-    reason="runs the Triton kernels on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1, set by "
-           "conftest without a GPU); on a GPU the compiled-kernel tests of this file cover the Gluon stage 1")
-
-
 @functools.cache
 def _numpy_check_module():
     """The numpy stand-in, loaded once per process (its memo of the Triton kernels' outputs lives there)."""
@@ -173,7 +162,7 @@ def _numpy_check_module():
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("variant", list(_source_paths()))
 def test_gluon_source_runs_right_on_the_cpu(variant):
     """The Gluon stage 1's own source, executed on the CPU with numpy standing in for ``gl``
@@ -209,7 +198,7 @@ def test_gluon_source_runs_right_on_the_cpu(variant):
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 def test_gluon_min_tiles_leaves_the_last_programs_of_a_large_grid_empty_on_the_cpu():
     """``GluonVariant.min_tiles`` (8 here): 16 splits over requests of 300, 1500 and 40 tokens give
     the long request 6 programs of 8 sealed tiles (of 44), the 300-token one one program, and the
@@ -238,7 +227,7 @@ def test_gluon_min_tiles_leaves_the_last_programs_of_a_large_grid_empty_on_the_c
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("variant,fmt,block_n", [  # each ring form on several formats, each format on one form
     ("dnp_r128fslwt3", {"v_group": 16}, 32), ("dnp_r128fslwnkt3", {"v_group": 64}, 16),
     ("dnp_r128fslwt2x2", {"v_group": 128}, 32), ("dnp_r128fslwnkt3", {"k_group": 64}, 32),
@@ -266,7 +255,7 @@ _PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fs
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("variant", _PAGE_VARIANTS)
 def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
     """Page-grid key ranges (the INT2 server default's format, 16-token tiles: one key group each):
@@ -284,7 +273,7 @@ def test_gluon_reads_page_grid_key_ranges_right_on_the_cpu(variant):
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 def test_gluon_64_token_tiles_run_right_on_the_cpu():
     """``GluonVariant.block_n`` 64 (``dnp_r128fslwn64``): 64-token sealed tiles over two key groups of
     32 (each half of the tile's rows dequantized with its own group's params), the numpy stand-in
@@ -320,7 +309,7 @@ def test_gluon_64_token_tiles_are_checked():
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"),
                                          ("dnp_r128fslwnp", "page"), ("dnp_r128fslwnpv", "page"),
                                          ("dnp_r128fslw", "group16")])
@@ -376,7 +365,7 @@ def test_page_pairs_made_where_the_words_are_made_are_the_same_pairs(bits):
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 def test_gluon_page_default_tiles_take_a_sliding_window_on_the_cpu():
     """The page-grid default (``GLUON_DEFAULT_PAGE_VARIANT`` on 32-token tiles over two key groups)
     on a sliding-window layer: a window that starts inside a sealed page, past tile boundaries, INT2
@@ -392,7 +381,7 @@ def test_gluon_page_default_tiles_take_a_sliding_window_on_the_cpu():
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("k_group", [32, 64])
 def test_gluon_reads_wider_page_grid_key_groups_right_on_the_cpu(k_group):
     """Page-grid key ranges over key groups of 32 and 64 tokens on 32-token tiles (one group per
@@ -518,7 +507,7 @@ def _open_page_form(name: str) -> tuple:
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("variant,bits,scope,flags,merge,heads", _step_cases())
 def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, merge, heads):
     """A whole step of a ``fused`` variant (the query rotation, the new token's write and the
@@ -541,7 +530,7 @@ def test_gluon_fused_step_runs_right_on_the_cpu(variant, bits, scope, flags, mer
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 def test_gluon_page_default_step_runs_right_on_the_cpu():
     """The page-grid default's whole step (``GLUON_DEFAULT_PAGE_VARIANT`` on
     ``GLUON_DEFAULT_PAGE_BLOCK_N``-token tiles over two key groups of 16, the INT2 server default's
@@ -561,7 +550,7 @@ def test_gluon_page_default_step_runs_right_on_the_cpu():
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("fmt,merge,split", [(None, True, "write"), ("page", False, "write"), (None, False, "rotation")])
 def test_gluon_split_write_step_runs_right_on_the_cpu(fmt, merge, split):
     """``_DecodeTuning.split_write`` (the write as a launch of its own, then the fused variant without
@@ -1178,7 +1167,7 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
-@_needs_interpreter
+@needs_interpreter
 @pytest.mark.parametrize("bits,fmt,long_min,variant", [(2, None, 250, ""), (4, None, 1, ""), (2, "page", 250, ""),
                                                        (4, None, 10**6, "dnp_r128fslwnkv")])
 def test_long_requests_take_a_gluon_launch_of_their_own_on_the_cpu(bits, fmt, long_min, variant):

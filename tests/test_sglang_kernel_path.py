@@ -25,11 +25,13 @@ from oscar_sgl.config import OscarConfig, OscarConfigError  # noqa: E402
 from oscar_sgl.sglang.allocator import OscarPagedAllocator  # noqa: E402
 from oscar_sgl.sglang.backend import create_oscar_backend  # noqa: E402
 from oscar_sgl.sglang.pool import pool_class_for  # noqa: E402
+from support.kernel_data import needs_interpreter  # noqa: E402
 
 H, HQ, D, P, LAYERS = 2, 4, 16, 32, 1
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+# "cpu": the kernels through Triton's interpreter (where conftest sets it: no GPU); "cuda": compiled.
+DEVICES = [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                                   reason="needs CUDA")])]
 
 
@@ -194,6 +196,7 @@ def _check_first_page_attention(st, out0, slots, k_all, v_all, q_all, cfg, plan,
         assert err <= 0.01 * want.abs().max().item() + 2e-3, (row, err)
 
 
+@needs_interpreter
 def test_seal_options_reach_both_seal_paths():
     """`OscarConfig.offset` / `clip` (docs/OSCAR.md §2.3) reach the pool's seals on both paths: the
     sealed pages carry other parameters than today's quantizer gives them, and the kernel path

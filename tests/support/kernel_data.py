@@ -8,6 +8,7 @@ the ``gpu`` tests repeat the checks at real sizes on CUDA.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,13 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (real sizes); the CPU interpreter runs the tiny shapes")
+#: A test that runs the Triton kernels on CPU tensors, i.e. through Triton's interpreter
+#: (TRITON_INTERPRET=1, which tests/conftest.py sets where there is no GPU). In a GPU process the
+#: kernels are compiled for CUDA and cannot take CPU tensors; there the test's CUDA form runs instead.
+needs_interpreter = pytest.mark.skipif(
+    HAS_CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="runs the Triton kernels on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1, set by "
+           "conftest without a GPU); on a GPU this test's CUDA form (or the file's gpu tests) runs instead")
 
 # Relative-RMS bounds of attention outputs against the fp32 torch reference (which dequantizes
 # the same packed bytes). Where the error comes from: keys/values are dequantized to fp16 in
