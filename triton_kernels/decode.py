@@ -827,7 +827,9 @@ GLUON_LANE_FWHT_PAIRS = 128
 #: tokens, 1.047 / 1.069 at 65536, 0.942 (INT2) at 98304, 0.884 / 0.944 at 131072 (server format
 #: 1.125 / 1.022 at 65536, 0.941 / 0.883 at 131072); but where the Gluon launch takes no request its
 #: empty grid costs the step 3.1-3.7 us (1.21-1.30x at 2K-8K tokens, 1.12-1.14x at 32K). So no
-#: threshold pays for every length, and the rule stays off: ``long_gluon`` is an opt-in.
+#: threshold pays for every length, and the rule stays off: ``long_gluon`` is an opt-in. At a third
+#: of the programs (``long_waves`` 4) the empty launch still costs 2.8-3.2 us (session 44): the cost
+#: is the launch, not its grid.
 LONG_GLUON_TOKENS = 0
 
 
