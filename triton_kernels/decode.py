@@ -829,7 +829,7 @@ GLUON_LANE_FWHT_PAIRS = 128
 #: empty grid costs the step 3.1-3.7 us (1.21-1.30x at 2K-8K tokens, 1.12-1.14x at 32K). So no
 #: threshold pays for every length, and the rule stays off: ``long_gluon`` is an opt-in. At a third
 #: of the programs (``long_waves`` 4) the empty launch still costs 2.8-3.2 us (session 44): the cost
-#: is the launch, not its grid.
+#: is the launch, not its grid, and torch 2.11 has no CUDA-graph conditional node to skip it.
 LONG_GLUON_TOKENS = 0
 
 

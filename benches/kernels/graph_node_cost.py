@@ -16,7 +16,10 @@ for the step's last launch) followed by:
   (``(lens >= N).any()``) before the node.
 
 The time per step minus ``base``'s is what the node costs. Needs a CUDA GPU (and, for the
-conditional rows, torch with CUDA-graph conditional nodes, CUDA >= 12.4). From the repo root:
+conditional rows, torch with CUDA-graph conditional nodes, CUDA >= 12.4: torch 2.14 has them, the
+device machine's torch 2.11 does not, and the script then says so and times the other rows). H100,
+session 44 (benches/results/kernels_s44/call_c/): an empty launch of 528 / 1,584 one-warp programs
+costs 1.18 / 1.61 us per step. From the repo root:
 
     python3 benches/kernels/graph_node_cost.py --out /tmp/graph_node_cost.json
 """
