@@ -358,3 +358,26 @@ def test_tuning_ab_takes_the_launchers_variant_with_a_suffix_and_another_gluon_s
     assert decode.gluon_decode is installed
     with tuning_ab.gluon_source(decode, None):
         assert decode.gluon_decode is installed
+
+
+def test_graph_node_cost_refuses_a_machine_without_a_gpu_and_reports_every_row(tmp_path, capsys):
+    """benches/kernels/graph_node_cost.py: without CUDA one line and exit 3 (nothing timed); with it,
+    a tiny run writes the base row, one row per empty launch and (where torch has conditional nodes)
+    the IF rows, each with its repeats."""
+    import torch
+
+    import graph_node_cost
+
+    out = tmp_path / "cost.json"
+    rc = graph_node_cost.main(["--steps", "2", "--replays", "2", "--repeats", "1", "--programs", "8", "16",
+                               "--out", str(out)])
+    if not torch.cuda.is_available():
+        assert rc == 3 and "needs a CUDA GPU" in capsys.readouterr().err and not out.exists()
+        return
+    import json
+
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rc == 0 and {"base", "empty 8", "empty 16"} <= set(rows)
+    assert all(len(r["repeats"]) == 1 and r["us"] > 0 for r in rows.values())
+    if hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        assert "if-false 16" in rows and "if-true 16" in rows
