@@ -361,6 +361,28 @@ def test_decode_num_splits_sizes_the_default_workspace(nan_empty):
     assert rel_rms(eager, reference_decode(pool, q, 1.0 / 8)) < ATTN_BOUND_FP32_OUT
 
 
+def test_tuning_num_splits_sizes_a_fixed_split_count_workspace(nan_empty):
+    """A tuning whose ``num_splits`` is set (``tuning_ab.py``'s ``num_splits=``) launches that many
+    splits whatever the default: ``tuning_num_splits`` sizes its workspace for them, so a workspace
+    made that way takes the launch (it was the default's, too small above it), with the same output
+    as the launch without a workspace."""
+    cfg = OscarConfig(bits=2, page_size=32)
+    b, h, g, d, p = 2, 2, 2, 64, 32
+    pool = build_pool(cfg, h=h, d=d, p=p, lens=[5 * p + 3, 2 * p], seed=16)
+    q = torch.randn(b, h * g, d).bfloat16().to(DEVICE)
+    base = kdecode._default_tuning(b, h, d, p)
+    default = kdecode.tuning_num_splits(base, b, h)
+    fixed = dataclasses.replace(base, num_splits=default + 3)
+    assert kdecode.tuning_num_splits(fixed, b, h) == default + 3
+    ws = decode_workspace(b, h * g, h, d, kdecode.tuning_num_splits(fixed, b, h), DEVICE)
+    eager = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), tune=dict(num_splits=default + 3))
+    kept = _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), workspace=ws, tune=dict(num_splits=default + 3))
+    assert torch.equal(eager, kept)
+    small = decode_workspace(b, h * g, h, d, default, DEVICE)
+    with pytest.raises(ValueError, match="workspace partial_out must be"):
+        _decode(pool, q, out=torch.empty(q.shape, device=DEVICE), workspace=small, tune=dict(num_splits=default + 3))
+
+
 def test_decode_refuses_unsupported_shapes():
     """The configuration rules come from ``oscar_sgl.supported`` (one message wherever they fail);
     a tile of a tuning override that does not fit the page is a ValueError of its own."""

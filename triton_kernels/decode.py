@@ -594,8 +594,11 @@ class _DecodeTuning:
 def tuning_num_splits(tune: _DecodeTuning, batch: int, num_kv_heads: int) -> int:
     """The split count a workspace for a launch of ``tune`` holds (``decode_workspace``): the stage
     1's (``pick_num_splits`` of its waves), or with ``long_gluon`` the larger of the Triton launch's
-    and the long requests' Gluon launch's. Depends on the batch size only."""
-    n = pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident, fit=tune.fit)
+    and the long requests' Gluon launch's; a tuning whose ``num_splits`` is set holds that many (the
+    launch takes them whatever the workspace, ``oscar_decode_attention``). Depends on the batch size
+    only."""
+    n = (tune.num_splits if tune.num_splits is not None
+         else pick_num_splits(batch, num_kv_heads, waves=tune.waves, resident=tune.resident, fit=tune.fit))
     if tune.long_gluon:
         n = max(n, long_gluon_splits(tune, batch, num_kv_heads))
     return n
