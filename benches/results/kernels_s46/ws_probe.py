@@ -31,79 +31,42 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 
 @gluon.jit
-def _keys(x_ptr, p_s, ready, empty, n, MMA: gl.constexpr):
+def _keys(x_ptr, p_s, ready, empty, n, MMA: gl.constexpr, W: gl.constexpr):
+    """The key role for W splits at once, one per warp (a leading axis of W over the partition's warps)."""
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    LB: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0])
-    o_r = gl.arange(0, 32, layout=gl.SliceLayout(1, LB))
-    o_c = gl.arange(0, 16, layout=gl.SliceLayout(0, LB))
-    q = gl.convert_layout(gl.full([16, 8], 1.0, gl.float16, LB), B)
-    for it in range(n):
-        k = gl.convert_layout(gl.load(x_ptr + it * 512 + o_r[:, None] * 16 + o_c[None, :]), A)
-        p = gl.exp2(mma_v2(k, q, gl.zeros([32, 8], gl.float32, MMA))).to(gl.float16)
-        mbarrier.wait(empty.index(it % 2), ((it // 2) & 1) ^ 1)
-        p_s.index(it % 2).store(p)
-        mbarrier.arrive(ready.index(it % 2))
-
-
-@gluon.jit
-def _values(y_ptr, out_ptr, p_s, ready, empty, n, MMA: gl.constexpr):
-    A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    LB: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 1], [1, 0])
-    o_r = gl.arange(0, 128, layout=gl.SliceLayout(1, LB))
-    o_c = gl.arange(0, 32, layout=gl.SliceLayout(0, LB))
-    acc = gl.zeros([128, 8], gl.float32, MMA)
-    for it in range(n):
-        v = gl.convert_layout(gl.load(y_ptr + it * 4096 + o_r[:, None] * 32 + o_c[None, :]), A)
-        mbarrier.wait(ready.index(it % 2), (it // 2) & 1)
-        p = p_s.index(it % 2).load(B)
-        mbarrier.arrive(empty.index(it % 2))
-        acc = mma_v2(v, p, acc)
-    LO: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0])
-    acc = gl.convert_layout(acc, LO)
-    o_r2 = gl.arange(0, 128, layout=gl.SliceLayout(1, LO))
-    o_c2 = gl.arange(0, 8, layout=gl.SliceLayout(0, LO))
-    gl.store(out_ptr + o_r2[:, None] * 8 + o_c2[None, :], acc)
-
-
-@gluon.jit
-def _keys4(x_ptr, p_s, ready, empty, n, MMA: gl.constexpr):
-    """_keys for 4 splits at once, one per warp (a leading axis over the partition's 4 warps)."""
-    A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    LB: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-    o_w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
+    LB: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [W, 1, 1], [2, 1, 0])
+    o_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
     o_r = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
     o_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
-    q = gl.convert_layout(gl.full([4, 16, 8], 1.0, gl.float16, LB), B)
+    q = gl.convert_layout(gl.full([W, 16, 8], 1.0, gl.float16, LB), B)
     for it in range(n):
-        k = gl.load(x_ptr + it * 2048 + o_w[:, None, None] * 512 + o_r[None, :, None] * 16 + o_c[None, None, :])
-        p = gl.exp2(mma_v2(gl.convert_layout(k, A), q, gl.zeros([4, 32, 8], gl.float32, MMA))).to(gl.float16)
+        k = gl.load(x_ptr + (it * W + o_w[:, None, None]) * 512 + o_r[None, :, None] * 16 + o_c[None, None, :])
+        p = gl.exp2(mma_v2(gl.convert_layout(k, A), q, gl.zeros([W, 32, 8], gl.float32, MMA))).to(gl.float16)
         mbarrier.wait(empty.index(it % 2), ((it // 2) & 1) ^ 1)
         p_s.index(it % 2).store(p)
         mbarrier.arrive(ready.index(it % 2))
 
 
 @gluon.jit
-def _values4(y_ptr, out_ptr, p_s, ready, empty, n, MMA: gl.constexpr):
-    """_values for 4 splits at once, one per warp."""
+def _values(y_ptr, out_ptr, p_s, ready, empty, n, MMA: gl.constexpr, W: gl.constexpr):
+    """The value role for W splits at once, one per warp."""
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    LB: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])
-    o_w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
+    LB: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [W, 1, 1], [2, 1, 0])
+    o_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
     o_r = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
     o_c = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
-    acc = gl.zeros([4, 128, 8], gl.float32, MMA)
+    acc = gl.zeros([W, 128, 8], gl.float32, MMA)
     for it in range(n):
-        v = gl.load(y_ptr + it * 16384 + o_w[:, None, None] * 4096 + o_r[None, :, None] * 32 + o_c[None, None, :])
+        v = gl.load(y_ptr + (it * W + o_w[:, None, None]) * 4096 + o_r[None, :, None] * 32 + o_c[None, None, :])
         mbarrier.wait(ready.index(it % 2), (it // 2) & 1)
         p = p_s.index(it % 2).load(B)
         mbarrier.arrive(empty.index(it % 2))
         acc = mma_v2(gl.convert_layout(v, A), p, acc)
-    LO: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [4, 1, 1], [2, 1, 0])
+    LO: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [W, 1, 1], [2, 1, 0])
     acc = gl.convert_layout(acc, LO)
-    o_w2 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LO)))
+    o_w2 = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LO)))
     o_r2 = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, LO)))
     o_c2 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LO)))
     gl.store(out_ptr + o_w2[:, None, None] * 1024 + o_r2[None, :, None] * 8 + o_c2[None, None, :], acc)
@@ -115,8 +78,8 @@ def _idle(n):
 
 
 @gluon.jit
-def _ring():
-    p_s = gl.allocate_shared_memory(gl.float16, [2, 32, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+def _ring(W: gl.constexpr):
+    p_s = gl.allocate_shared_memory(gl.float16, [2, W, 32, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(2):
@@ -128,33 +91,28 @@ def _ring():
 @gluon.jit
 def ws_value_default(x_ptr, y_ptr, out_ptr, n):
     """The value warp is the default partition (the kernel's num_warps 1), the key warp a 1-warp worker."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
-    p_s, ready, empty = _ring()
-    gl.warp_specialize([(_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA)),
-                        (_keys, (x_ptr, p_s, ready, empty, n, MMA))], [1], [128])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1, 1], instr_shape=[1, 16, 8])
+    p_s, ready, empty = _ring(1)
+    gl.warp_specialize([(_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA, 1)),
+                        (_keys, (x_ptr, p_s, ready, empty, n, MMA, 1))], [1], [128])
 
 
 @gluon.jit
 def ws_idle_default(x_ptr, y_ptr, out_ptr, n):
     """A 4-warp default partition that does nothing, the value and key warps 1-warp workers."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
-    p_s, ready, empty = _ring()
-    gl.warp_specialize([(_idle, (n,)), (_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA)),
-                        (_keys, (x_ptr, p_s, ready, empty, n, MMA))], [1, 1], [128, 128])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1, 1], instr_shape=[1, 16, 8])
+    p_s, ready, empty = _ring(1)
+    gl.warp_specialize([(_idle, (n,)), (_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA, 1)),
+                        (_keys, (x_ptr, p_s, ready, empty, n, MMA, 1))], [1, 1], [128, 128])
 
 
 @gluon.jit
 def ws_batched(x_ptr, y_ptr, out_ptr, n):
     """4 value warps (the default partition) and 4 key warps (a worker), each warp on a split of its own."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-    p_s = gl.allocate_shared_memory(gl.float16, [2, 4, 32, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for j in gl.static_range(2):
-        mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=1)
-    gl.warp_specialize([(_values4, (y_ptr, out_ptr, p_s, ready, empty, n, MMA)),
-                        (_keys4, (x_ptr, p_s, ready, empty, n, MMA))], [4], [128])
+    p_s, ready, empty = _ring(4)
+    gl.warp_specialize([(_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA, 4)),
+                        (_keys, (x_ptr, p_s, ready, empty, n, MMA, 4))], [4], [128])
 
 
 FORMS = [("value warp as the default partition (num_warps 1)", ws_value_default, {"num_warps": 1}),
