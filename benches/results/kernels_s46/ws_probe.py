@@ -31,17 +31,24 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 
 @gluon.jit
+def _offsets(W: gl.constexpr, R: gl.constexpr, C: gl.constexpr, L: gl.constexpr):
+    """Element offsets of a [W, R, C] block (row-major per split) in layout L."""
+    o_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))
+    o_r = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, L)))
+    o_c = gl.arange(0, C, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))
+    return o_w[:, None, None] * (R * C) + o_r[None, :, None] * C + o_c[None, None, :]
+
+
+@gluon.jit
 def _keys(x_ptr, p_s, ready, empty, n, MMA: gl.constexpr, W: gl.constexpr):
     """The key role for W splits at once, one per warp (a leading axis of W over the partition's warps)."""
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     LB: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [W, 1, 1], [2, 1, 0])
-    o_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
-    o_r = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
-    o_c = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
+    off = _offsets(W, 32, 16, LB)
     q = gl.convert_layout(gl.full([W, 16, 8], 1.0, gl.float16, LB), B)
     for it in range(n):
-        k = gl.load(x_ptr + (it * W + o_w[:, None, None]) * 512 + o_r[None, :, None] * 16 + o_c[None, None, :])
+        k = gl.load(x_ptr + it * W * 512 + off)
         p = gl.exp2(mma_v2(gl.convert_layout(k, A), q, gl.zeros([W, 32, 8], gl.float32, MMA))).to(gl.float16)
         mbarrier.wait(empty.index(it % 2), ((it // 2) & 1) ^ 1)
         p_s.index(it % 2).store(p)
@@ -54,22 +61,16 @@ def _values(y_ptr, out_ptr, p_s, ready, empty, n, MMA: gl.constexpr, W: gl.const
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     LB: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [W, 1, 1], [2, 1, 0])
-    o_w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LB)))
-    o_r = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, LB)))
-    o_c = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LB)))
+    off = _offsets(W, 128, 32, LB)
     acc = gl.zeros([W, 128, 8], gl.float32, MMA)
     for it in range(n):
-        v = gl.load(y_ptr + (it * W + o_w[:, None, None]) * 4096 + o_r[None, :, None] * 32 + o_c[None, None, :])
+        v = gl.load(y_ptr + it * W * 4096 + off)
         mbarrier.wait(ready.index(it % 2), (it // 2) & 1)
         p = p_s.index(it % 2).load(B)
         mbarrier.arrive(empty.index(it % 2))
         acc = mma_v2(gl.convert_layout(v, A), p, acc)
     LO: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 32, 1], [W, 1, 1], [2, 1, 0])
-    acc = gl.convert_layout(acc, LO)
-    o_w2 = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, LO)))
-    o_r2 = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, LO)))
-    o_c2 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LO)))
-    gl.store(out_ptr + o_w2[:, None, None] * 1024 + o_r2[None, :, None] * 8 + o_c2[None, None, :], acc)
+    gl.store(out_ptr + _offsets(W, 128, 8, LO), gl.convert_layout(acc, LO))
 
 
 @gluon.jit
@@ -89,12 +90,13 @@ def _ring(W: gl.constexpr):
 
 
 @gluon.jit
-def ws_value_default(x_ptr, y_ptr, out_ptr, n):
-    """The value warp is the default partition (the kernel's num_warps 1), the key warp a 1-warp worker."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1, 1], instr_shape=[1, 16, 8])
-    p_s, ready, empty = _ring(1)
-    gl.warp_specialize([(_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA, 1)),
-                        (_keys, (x_ptr, p_s, ready, empty, n, MMA, 1))], [1], [128])
+def ws_two_roles(x_ptr, y_ptr, out_ptr, n, W: gl.constexpr):
+    """The value role the default partition (the kernel's num_warps W), the key role a worker of W warps, each
+    warp on a split of its own (W = 1: one value and one key warp per program)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
+    p_s, ready, empty = _ring(W)
+    gl.warp_specialize([(_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA, W)),
+                        (_keys, (x_ptr, p_s, ready, empty, n, MMA, W))], [W], [128])
 
 
 @gluon.jit
@@ -106,29 +108,22 @@ def ws_idle_default(x_ptr, y_ptr, out_ptr, n):
                         (_keys, (x_ptr, p_s, ready, empty, n, MMA, 1))], [1, 1], [128, 128])
 
 
-@gluon.jit
-def ws_batched(x_ptr, y_ptr, out_ptr, n):
-    """4 value warps (the default partition) and 4 key warps (a worker), each warp on a split of its own."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-    p_s, ready, empty = _ring(4)
-    gl.warp_specialize([(_values, (y_ptr, out_ptr, p_s, ready, empty, n, MMA, 4)),
-                        (_keys, (x_ptr, p_s, ready, empty, n, MMA, 4))], [4], [128])
-
-
-FORMS = [("value warp as the default partition (num_warps 1)", ws_value_default, {"num_warps": 1}),
-         ("idle 4-warp default + value and key workers of 1 warp", ws_idle_default, {"num_warps": 4}),
-         ("the same, maxnreg 128", ws_idle_default, {"num_warps": 4, "maxnreg": 128}),
-         ("4 value warps (default) + 4 key warps, a split per warp (batched layouts)", ws_batched, {"num_warps": 4}),
-         ("the same, maxnreg 128", ws_batched, {"num_warps": 4, "maxnreg": 128})]
+FORMS = [("value warp as the default partition (num_warps 1)", ws_two_roles, {"W": 1}, {"num_warps": 1}),
+         ("idle 4-warp default + value and key workers of 1 warp", ws_idle_default, {}, {"num_warps": 4}),
+         ("the same, maxnreg 128", ws_idle_default, {}, {"num_warps": 4, "maxnreg": 128}),
+         ("4 value warps (default) + 4 key warps, a split per warp (batched layouts)", ws_two_roles, {"W": 4},
+          {"num_warps": 4}),
+         ("the same, maxnreg 128", ws_two_roles, {"W": 4}, {"num_warps": 4, "maxnreg": 128})]
 
 
 def main() -> None:
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     sig = {"x_ptr": "*fp16", "y_ptr": "*fp16", "out_ptr": "*fp32", "n": "i32"}
     print(f"triton {triton.__version__}, sm_90")
-    for label, fn, options in FORMS:
+    for label, fn, const, options in FORMS:
         try:
-            k = triton.compile(GluonASTSource(fn, sig, {}, {}), target=GPUTarget("cuda", 90, 32), options=options)
+            src = GluonASTSource(fn, {**sig, **{c: "constexpr" for c in const}}, const, {})
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         except Exception as e:  # the compiler's own message is the finding
             msg = next((ln for ln in str(e).splitlines() if "error" in ln.lower() or "requires" in ln), str(e)[-200:])
             print(f"{label}: does not compile: {msg.strip()}")
