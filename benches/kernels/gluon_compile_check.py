@@ -19,6 +19,7 @@ with LDS.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -140,29 +141,49 @@ def count(ops: list[str]) -> dict[str, int]:
     return {"instructions": len(ops), **{k: ops.count(k) for k in COUNTED}}
 
 
+def _rows(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, the rest of the line: modifiers and operands) of each SASS instruction."""
+    return [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(_LINE.match, sass.splitlines()) if m]
+
+
+def _loop_spans(rows: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """(first, last address) of each loop: a backward branch and the instructions it spans."""
+    spans = []
+    for addr, op, rest in rows:
+        b = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if b and int(b.group(1), 16) < addr:
+            spans.append((int(b.group(1), 16), addr))
+    return spans
+
+
+def loop_opcodes(sass: str) -> list[collections.Counter]:
+    """Per loop of the SASS, how many instructions of each opcode with its modifiers (``LOP3.LUT``,
+    ``HMMA.16816.F32``, ``LDG.E.128``) one iteration holds."""
+    rows = _rows(sass)
+    return [collections.Counter(o + re.match(r"((?:\.[A-Z0-9_]+)*)", r).group(1) for a, o, r in rows if lo <= a <= hi)
+            for lo, hi in _loop_spans(rows)]
+
+
 def loops(sass: str) -> list[dict[str, int]]:
     """Per loop of the SASS (a backward branch and the instructions it spans): its counts, and
     ``common path``: the instructions left when every conditional block inside it (a forward
     branch to a target inside the loop) is skipped, e.g. the lazy rescale (GluonVariant.lazy_rescale)."""
-    rows = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(_LINE.match, sass.splitlines()) if m]
+    rows = _rows(sass)
     out = []
-    for addr, op, rest in rows:
-        b = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
-        if b and int(b.group(1), 16) < addr:
-            lo = int(b.group(1), 16)
-            c = count([o for a, o, _ in rows if lo <= a <= addr])
-            skipped = set()
-            blocks = []
-            for a2, o2, r2 in rows:
-                f = re.search(r"0x([0-9a-f]+)", r2) if o2 == "BRA" and lo <= a2 < addr else None
-                if f and a2 < int(f.group(1), 16) <= addr:
-                    block = {a3 for a3, _, _ in rows if a2 < a3 < int(f.group(1), 16)}
-                    blocks.append(len(block - skipped))
-                    skipped |= block
-            if skipped:
-                c["common path"] = c["instructions"] - len(skipped)
-                c["blocks"] = blocks  # the conditional blocks' sizes, in program order
-            out.append(c)
+    for lo, addr in _loop_spans(rows):
+        c = count([o for a, o, _ in rows if lo <= a <= addr])
+        skipped = set()
+        blocks = []
+        for a2, o2, r2 in rows:
+            f = re.search(r"0x([0-9a-f]+)", r2) if o2 == "BRA" and lo <= a2 < addr else None
+            if f and a2 < int(f.group(1), 16) <= addr:
+                block = {a3 for a3, _, _ in rows if a2 < a3 < int(f.group(1), 16)}
+                blocks.append(len(block - skipped))
+                skipped |= block
+        if skipped:
+            c["common path"] = c["instructions"] - len(skipped)
+            c["blocks"] = blocks  # the conditional blocks' sizes, in program order
+        out.append(c)
     return out
 
 
@@ -190,6 +211,8 @@ def main() -> int:
     ap.add_argument("--format", choices=("group", "page"), default="group",
                     help="key ranges and groups: 'group' (the paper's fp16 pairs, G_K = G_V = 32; default) or 'page' "
                          "(the INT2 server default: page-grid ranges, G_K 16, G_V 64; block_n 16)")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="also each sealed-tile loop's instructions per opcode (with modifiers), most frequent first")
     ap.add_argument("--fused-parts", choices=("all", "nowrite", "split"), default="all",
                     help="a fused variant's parts in the launch: 'all' (the query rotation and the write; default), "
                          "'nowrite' (the query rotation only), 'split' (neither: _DecodeTuning.split_write's stage 1)")
@@ -234,6 +257,8 @@ def main() -> int:
                     sealed = c["HFMA2"] or c["HADD2"] or c["LOP3"] >= 64
                     what = "sealed-tile loop" if sealed else "open-page loop" if c["HMMA"] else "merge loop"
                     print(f"  loop {i} ({what}, per iteration): " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
+                    if args.opcodes and sealed:
+                        print("    opcodes: " + ", ".join(f"{k} {v}" for k, v in loop_opcodes(sass)[i].most_common()))
                 if args.sass_dir:
                     args.sass_dir.mkdir(parents=True, exist_ok=True)
                     (args.sass_dir / f"{name}.sass").write_text(sass)
