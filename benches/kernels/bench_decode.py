@@ -511,7 +511,8 @@ def bench_oscar(bits: int, batch: int, ctx: int, variants, budget: float, extras
 
 #: The key-range formats `--formats` times side by side: (name, k_group, v_group, page-grid key ranges).
 FORMATS = (("group G_K32 G_V32 (default)", 32, 32, False), ("page G_K16 G_V128", 16, 128, True),
-           ("page G_K16 G_V64", 16, 64, True), ("group G_K16 G_V128", 16, 128, False))
+           ("page G_K16 G_V64", 16, 64, True), ("group G_K16 G_V128", 16, 128, False),
+           ("page G_K32 G_V64", 32, 64, True))
 
 
 def _default_launch_setup(bits: int, batch: int, ctx: int, budget: float, default, **fmt):
@@ -1320,7 +1321,7 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only the OScaR decode variants (no baselines, write, seal, extend)")
     ap.add_argument("--authors", default="", metavar="BUILD_DIR", help="add the OScaR authors' CUDA kernel (built by benches/peers/build_oscar_authors.sh into BUILD_DIR) as a column, INT2 at their group 128 and at our group 32")
     ap.add_argument("--seal-only", action="store_true", help="only the seal kernel, for every seal-time quantizer option (offset x clip, docs/OSCAR.md §2.3); writes seal.json / seal.md")
-    ap.add_argument("--formats", action="store_true", help="only the default decode launch over each key-range format (FORMATS: fp16 group pairs vs page-grid ranges at G_K 16) and SDPA, INT2 and INT4 at --shapes; writes formats.json / formats.md")
+    ap.add_argument("--formats", action="store_true", help="only the default decode launch over each key-range format (FORMATS: fp16 group pairs vs page-grid ranges at G_K 16 and 32) and SDPA, INT2 and INT4 at --shapes; writes formats.json / formats.md")
     ap.add_argument("--extend-formats", default="", metavar="BxPREFIXxNEW,...", help="only one prefill step (extend launch + seal of the filled pages) per key-range format and seal quantizer (EXTEND_FORMATS) at these shapes; writes extend_formats.json / .md")
     ap.add_argument("--merge-chunk", action="store_true", help="only the default decode launch with the fused merge's chunk fixed (default) vs by split count, at --shapes, INT2 and INT4, plus the stage-1 compiles over a server's CUDA-graph batch sizes per rule; writes merge_chunk.json / .md")
     ap.add_argument("--seal-tilings", default="", metavar="VALUESxWARPS,...", help="only the seal launch per key-range format (EXTEND_FORMATS) at --seal-pages, default tiling and these (seal._SealTuning); writes seal_tilings.json / .md")

@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--format", choices=("group", "page"), default="group",
                     help="key ranges and groups: 'group' (the paper's fp16 pairs, G_K = G_V = 32; default) or 'page' "
                          "(the INT2 server default: page-grid ranges, G_K 16, G_V 64; block_n 16)")
+    ap.add_argument("--k-group", type=int, default=None,
+                    help="the key group in tokens instead of the format's (group: 32, page: 16)")
     ap.add_argument("--opcodes", action="store_true",
                     help="also each sealed-tile loop's instructions per opcode (with modifiers), most frequent first")
     ap.add_argument("--fused-parts", choices=("all", "nowrite", "split"), default="all",
@@ -240,6 +242,8 @@ def main() -> int:
                 name = f"{variant}_int{bits}_bn{block_n}_g{group}"
                 try:
                     fmt = (dict(k_group=16, v_group=64, key_page=True) if args.format == "page" else {})
+                    if args.k_group is not None:
+                        fmt["k_group"] = args.k_group
                     ck = compile_stage1(bits=bits, block_n=block_n, group=group, variant=variant, window=args.window,
                                         **fmt, **parts)
                 except Exception as exc:  # noqa: BLE001 - report every variant
