@@ -92,8 +92,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", default="", help="FIELD=VALUE,... of decode._DecodeTuning set on the launcher's tuning (arm a)")
     ap.add_argument("--b", required=True, help="the same for arm b ('' : the launcher's tuning)")
-    ap.add_argument("--formats", default="group", help="comma-separated: group (the paper's, G_K = G_V = 32) and/or "
-                    "page (the INT2 server default: page-grid key ranges, G_K 16, G_V 64)")
+    ap.add_argument("--formats", default="group", help="comma-separated: group (the paper's, G_K = G_V = 32), "
+                    "page (the INT2 server default: page-grid key ranges, G_K 16, G_V 64), page32 (page-grid key "
+                    "ranges, G_K 32, G_V 64)")
     ap.add_argument("--shapes", default="1x32768,8x32768", help="BxCTX,... (requests x tokens)")
     ap.add_argument("--bits", default="2,4", help="comma-separated bit widths")
     ap.add_argument("--repeats", type=int, default=3)
@@ -110,10 +111,11 @@ def main() -> int:
     fields = {f.name: f for f in dataclasses.fields(decode._DecodeTuning)}
     arm = {"a": parse_fields(args.a, fields), "b": parse_fields(args.b, fields)}
     source = {"a": load_gluon_source(args.a_gluon) if args.a_gluon else None, "b": None}
-    formats = {"group": dict(k_group=32, v_group=32, key_page=False), "page": dict(k_group=16, v_group=64, key_page=True)}
+    formats = {"group": dict(k_group=32, v_group=32, key_page=False), "page": dict(k_group=16, v_group=64, key_page=True),
+               "page32": dict(k_group=32, v_group=64, key_page=True)}
     for f in args.formats.split(","):
         if f not in formats:
-            raise SystemExit(f"--formats: group and/or page, got {f!r}")
+            raise SystemExit(f"--formats: any of {', '.join(formats)}, got {f!r}")
     rows = []
     for fmt_name in args.formats.split(","):
         fmt = formats[fmt_name]
