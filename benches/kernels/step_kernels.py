@@ -20,7 +20,13 @@ import dataclasses
 import json
 import runpy
 import statistics
+import time
 from pathlib import Path
+
+#: the host's pause between two profiled replays (seconds). The steps are told apart by the gap
+#: between one replay's last kernel and the next one's first. Session 46's form split them at 20 us
+#: without a pause, and merged or split steps (1.3-4.0 launches of a kernel per step in session 47's call A).
+_PAUSE_S = 0.002
 
 
 def main() -> int:
@@ -64,12 +70,13 @@ def main() -> int:
                 for g in graphs:
                     g.replay()
                     torch.cuda.synchronize()
+                    time.sleep(_PAUSE_S)  # a gap no step has inside it: where one replay ends
             events = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0),
                             key=lambda e: e.time_range.start)
             # steps: groups of kernels separated by the host synchronization after each replay
             steps, cur, last_end = [], [], None
             for e in events:
-                if last_end is not None and e.time_range.start - last_end > 20:  # us: the next replay
+                if last_end is not None and e.time_range.start - last_end > _PAUSE_S * 1e6 / 2:  # us: the next replay
                     steps.append(cur)
                     cur = []
                 cur.append(e)
