@@ -439,8 +439,8 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
 
 def _check_g16_format_on_cuda(variant: str, bits: int, form: dict, block_n: int, seed: int) -> None:
     """The Gluon stage 1 (``variant``, ``block_n``-token tiles) on a Llama-shaped pool in format
-    ``form`` (key groups of 16) against the reference and the Triton stage 1 (32-token tiles, two
-    key groups each), split counts 1, the default and 16, a sealed, a mixed and open pages."""
+    ``form`` (key groups of 16, or 32) against the reference and the Triton stage 1 (32-token tiles),
+    split counts 1, the default and 16, a sealed, a mixed and open pages."""
     h, g, p, lens, last_sealed, scope = _SHAPES["llama8b_32q8kv"]
     cfg = OscarConfig(bits=bits, page_size=p, norm_scope=scope, **form)
     pool = build_pool(cfg, h=h, d=128, p=p, lens=lens, last_sealed=last_sealed, kinds={len(lens) - 1: "mixed"},
@@ -474,6 +474,16 @@ def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_e
     """On CUDA: 32-token Gluon tiles over key groups of 16 tokens (two groups per tile), page-grid
     ranges and fp16 group pairs."""
     _check_g16_format_on_cuda(variant, bits, _PAGE_FORMAT if fmt == "page" else {"k_group": 16}, 32, seed=bits * 17)
+
+
+@gpu
+@needs_gluon
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("variant", ["dnp_r128fslwnpv", "dnp_r128fslwnpvh", "dnp_r128fslwnpxv"])
+def test_gluon_page_key_groups_of_32_match_reference(variant, bits, nan_empty):
+    """On CUDA: 32-token Gluon tiles over page-grid key groups of 32 tokens (one group per tile),
+    the default rule's variants for them since session 47."""
+    _check_g16_format_on_cuda(variant, bits, {**_PAGE_FORMAT, "k_group": 32}, 32, seed=bits * 19)
 
 
 #: The fused step's cases (INT2 layer norm; INT4 head norm with the merge in the launch; a per-head
@@ -877,7 +887,11 @@ def test_the_gluon_default_rule(monkeypatch):
     assert kdecode.GLUON_DEFAULT_PAGE_BITS == (2, 4) and kdecode.GLUON_DEFAULT_PAGE_BLOCK_N == 32
     for bits in (2, 4):
         assert reason(**_default_rule_args(**page, block_n=32, bits=bits)) is None, bits
-    assert "measured at k_group=16 only" in reason(**_default_rule_args(**{**page, "k_group": 32}, bits=4))
+    # G_K 32 (one key group per 32-token tile) since session 47; wider groups stay on Triton
+    assert kdecode.GLUON_DEFAULT_PAGE_K_GROUPS == (16, 32)
+    for bits in (2, 4):
+        assert reason(**_default_rule_args(**{**page, "k_group": 32}, block_n=32, bits=bits)) is None, bits
+    assert "measured at k_group 16 and 32 only" in reason(**_default_rule_args(**{**page, "k_group": 64}, bits=4))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", (4,))
     assert "page-grid key ranges (key_ranges='page') at 2 bits" in reason(**_default_rule_args(**page, block_n=32))
     monkeypatch.setattr(kdecode, "GLUON_DEFAULT_PAGE_BITS", ())

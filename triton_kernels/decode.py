@@ -764,6 +764,14 @@ GLUON_RESIDENT = 16
 #: spread) at 4-32 requests of 1K-8K, 1.02-1.03x at 32K-64K tokens and (32, 4096), 1.04-1.06x at
 #: 64-128 requests.
 GLUON_DEFAULT_PAGE_BITS = (2, 4)
+#: The key groups (tokens) at which the default rule takes the Gluon stage 1 for page-grid key
+#: ranges. G_K 16 since session 25 (see above); G_K 32 since session 47: H100, whole steps,
+#: "dnp_r128fslwnpv" / "dnp_r128fslwnpxv" at the Gluon default's split counts against the launcher's
+#: Triton step, INT2 0.77x / 0.72x / 0.81x the time at (8, 32768) / (16, 65536) / (32, 8192), INT4
+#: 0.86x at (8, 32768), outputs within 2.1-2.5e-3 (INT2) and 4.5e-4 (INT4) relative RMS of the Triton
+#: step's (benches/results/kernels_s47/call_b/). Shorter contexts and fewer requests were not timed
+#: at G_K 32.
+GLUON_DEFAULT_PAGE_K_GROUPS = (16, 32)
 #: The Gluon variant the default takes for page-grid key ranges: the lean INT2 form (two
 #: instructions per code pair; at INT4 the same kernel as "dnp_r128fslw"). Keys dequantized rather
 #: than folded into the query: on 16-token tiles folding cost more than it saved (H200, session 25:
@@ -778,7 +786,8 @@ GLUON_DEFAULT_PAGE_BITS = (2, 4)
 GLUON_DEFAULT_PAGE_VARIANT = "dnp_r128fslwnpv"
 #: The Gluon default's tile for page-grid key ranges at G_K 16: 32 tokens, two key groups per tile
 #: (the per-tile costs spread over twice the tokens: 889 instead of 2 x 523 instructions per 32
-#: INT2 tokens, sm_90 SASS, session 29's form); 16 (one key group per tile) until session 29.
+#: INT2 tokens, sm_90 SASS, session 29's form); 16 (one key group per tile) until session 29. At
+#: G_K 32 the same tile holds one key group.
 GLUON_DEFAULT_PAGE_BLOCK_N = 32
 #: Set to 0 to keep the default decode on the Triton stage 1 everywhere (1: the default rule).
 GLUON_DEFAULT_ENV = "OSCAR_SGL_GLUON_DECODE"
@@ -885,9 +894,9 @@ def gluon_default_reason(*, batch: int, num_kv_heads: int, group: int, head_dim:
         return (f"page-grid key ranges (key_ranges='page') at {bits} bits: the Gluon stage 1 reads them (opt-in) "
                 f"but was measured faster at {' and '.join(map(str, GLUON_DEFAULT_PAGE_BITS)) or 'no'} "
                 f"bits only")
-    if key_page and k_group != 16:
-        return (f"page-grid key ranges with k_group={k_group}: the Gluon default for them was measured at k_group=16 "
-                f"only (opt-in elsewhere)")
+    if key_page and k_group not in GLUON_DEFAULT_PAGE_K_GROUPS:
+        return (f"page-grid key ranges with k_group={k_group}: the Gluon default for them was measured at k_group "
+                f"{' and '.join(map(str, GLUON_DEFAULT_PAGE_K_GROUPS))} only (opt-in elsewhere)")
     variant = GLUON_DEFAULT_PAGE_VARIANT if key_page else GLUON_DEFAULT_VARIANT
     try:
         gluon_decode.check_gluon_shape(bits=bits, head_dim=head_dim, k_group=k_group, v_group=v_group, block_n=block_n,
