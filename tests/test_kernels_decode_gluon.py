@@ -250,7 +250,7 @@ def test_gluon_tma_ring_reads_every_group_size_right_on_the_cpu(variant, fmt, bl
 _PAGE_FORMAT = {"k_group": 16, "v_group": 64, "offset": "min", "clip": "values", "key_ranges": "page"}
 #: The variants that read page-grid key ranges (``check_gluon_key_page``), one per key form.
 _PAGE_VARIANTS = ["dnp_r128fslw", "dnp_r128fslwk", "dnp_r128fslwnk", "dnp_r128fslwm", "dnp_r128fslwnp", "dnp_r128fslwnpe",
-                  "dnp_r128fslwnpx", "dnp_r128fslwnpv", "dnp_r128fslwnpxv"]
+                  "dnp_r128fslwnpx", "dnp_r128fslwnpv", "dnp_r128fslwnpxv", "dnp_r128fslwnpb"]
 
 
 @pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
@@ -312,7 +312,7 @@ def test_gluon_64_token_tiles_are_checked():
 @needs_interpreter
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"),
                                          ("dnp_r128fslwnp", "page"), ("dnp_r128fslwnpv", "page"),
-                                         ("dnp_r128fslw", "group16")])
+                                         ("dnp_r128fslwnpb", "page"), ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_run_right_on_the_cpu(variant, fmt):
     """32-token tiles over key groups of 16 tokens (``_attend(KG2)``: each half of the tile's rows
     dequantized with its own group's params), page-grid ranges (the INT2 server default's format)
@@ -430,7 +430,7 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
         with pytest.raises(ValueError, match=f"Gluon variant '{variant}' takes one key group per tile; 32-token tiles "
                                              f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn, "
                                              f"dnp_r128fslwnp, dnp_r128fslwnpe, dnp_r128fslwnpx, dnp_r128fslwn64, "
-                                             f"dnp_r144fslwn64, dnp_r168fslwn64, dnp_r128fslwnpv, dnp_r128fslwnpxv, "
+                                             f"dnp_r144fslwn64, dnp_r168fslwn64, dnp_r128fslwnpv, dnp_r128fslwnpxv, dnp_r128fslwnpb, "
                                              f"dnp_r128fslwnpvh, dnp_r128fslwnpxvh$"):
             _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
     with pytest.raises(ValueError, match="block_n in \\(16, 32, 64\\) dividing k_group=8 \\(or twice it"):
@@ -469,7 +469,8 @@ def test_gluon_page_grid_key_ranges_match_reference(variant, bits, nan_empty):
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("variant,fmt", [("dnp_r128fslw", "page"), ("dnp_r128fslwn", "page"), ("dnp_r128fslwnp", "page"),
-                                         ("dnp_r128fslwnpv", "page"), ("dnp_r128fslw", "group16")])
+                                         ("dnp_r128fslwnpv", "page"), ("dnp_r128fslwnpb", "page"),
+                                         ("dnp_r128fslw", "group16")])
 def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_empty):
     """On CUDA: 32-token Gluon tiles over key groups of 16 tokens (two groups per tile), page-grid
     ranges and fp16 group pairs."""
@@ -479,7 +480,7 @@ def test_gluon_two_key_groups_per_tile_match_reference(variant, fmt, bits, nan_e
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("variant", ["dnp_r128fslwnpv", "dnp_r128fslwnpvh", "dnp_r128fslwnpxv"])
+@pytest.mark.parametrize("variant", ["dnp_r128fslwnpv", "dnp_r128fslwnpvh", "dnp_r128fslwnpxv", "dnp_r128fslwnpb"])
 def test_gluon_page_key_groups_of_32_match_reference(variant, bits, nan_empty):
     """On CUDA: 32-token Gluon tiles over page-grid key groups of 32 tokens (one group per tile),
     the default rule's variants for them since session 47."""

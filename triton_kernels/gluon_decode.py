@@ -480,6 +480,9 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnkxv", **_LEAN_FUSED, keys="mma", open_share=True, l2_prefetch=1),
         GluonVariant("dnp_r128fslwnpv", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1),
         GluonVariant("dnp_r128fslwnpxv", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1),
+        # session 48: the page default with the next tile's lines prefetched as well (b), the page-grid
+        # counterpart of dnp_r128fslwnkb for single long requests at 197 splits (kernels_s48)
+        GluonVariant("dnp_r128fslwnpb", **_LEAN_FUSED, page_pairs=True, l2_prefetch=3),
         # session 42: single requests again, now that the separate merge reads only the non-empty
         # splits' rows (``merge_one_pass``, up to 256 partials): the paper default with at least 4 / 8
         # sealed tiles per program on a one-wave grid of 255 splits (``--gluon-waves 15.5
@@ -1206,11 +1209,14 @@ if gl is not None:
     @gluon.jit
     def _l2_prefetch_tile(page, t0, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr, H: gl.constexpr,
                           D: gl.constexpr, BITS: gl.constexpr, P: gl.constexpr, G_K: gl.constexpr,
-                          G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr, KEYS_TOO: gl.constexpr):
+                          G_V: gl.constexpr, S: gl.constexpr, BLOCK_N: gl.constexpr, KEYS_TOO: gl.constexpr,
+                          kr_ptr=None, KEY_PAGE: gl.constexpr = False):
         """The 128-byte lines of sealed tile ``[t0, t0 + BLOCK_N)`` of page ``page`` (KV head ``i_h``)
         prefetched into L2 (``GluonVariant.l2_prefetch``), lane ``l`` a line of each array (lines
         repeat over the lanes where an array has fewer): the value words and params, and with
-        ``KEYS_TOO`` the key words, the key group's params and the token scales (their column)."""
+        ``KEYS_TOO`` the key words, the key group's params (``KEY_PAGE``: the page's grid and the
+        tile's groups' index bytes, ``_page_key_param_pairs_spread``'s addresses) and the token scales
+        (their column)."""
         W: gl.constexpr = D * BITS // 32
         NG: gl.constexpr = D // G_V
         L32: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
@@ -1222,8 +1228,15 @@ if gl is not None:
         _l2_prefetch(vp_ptr + row0 * (2 * NG) + (lane % VPL) * 64)
         if KEYS_TOO:
             _l2_prefetch(kw_ptr + row0 * W + (lane % WL) * 32)
-            KPL: gl.constexpr = max(1, 2 * D // 64)  # lines of one key group's params (fp16)
-            _l2_prefetch(kp_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * (2 * D) + (lane % KPL) * 64)
+            if KEY_PAGE:
+                GPL: gl.constexpr = max(1, 4 * D // 128)  # lines of the page's grid (D int32 words)
+                RPL: gl.constexpr = max(1, max(1, BLOCK_N // G_K) * 2 * D // 128)  # ... of the tile's groups' indices
+                gp = kp_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + (page * H + i_h) * D
+                _l2_prefetch(gp + (lane % GPL) * 32)
+                _l2_prefetch(kr_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * D + (lane % RPL) * 64)
+            else:
+                KPL: gl.constexpr = max(1, 2 * D // 64)  # lines of one key group's params (fp16)
+                _l2_prefetch(kp_ptr + ((page * H + i_h) * (P // G_K) + t0 // G_K) * (2 * D) + (lane % KPL) * 64)
             if S == 1:  # one column: the tile's scales are one contiguous run
                 _l2_prefetch(scale_ptr + (page * P + t0) + (lane % max(1, BLOCK_N // 32)) * 32)
 
@@ -2126,7 +2139,7 @@ if gl is not None:
                     nt = gl.minimum(it + 1, t_hi - 1)
                     page_n = gl.load(pg_idx + nt // TPP).to(gl.int64)
                     _l2_prefetch_tile(page_n, (nt % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr,
-                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, True)
+                                      scale_ptr, H, D, BITS, P, G_K, G_V, S, BLOCK_N, True, kr_ptr, KEY_PAGE)
                 kw, ks0, ks1, ko0, ko1, st, vw0, vw1, vs0, vs1, vo0, vo1 = _tile_raw(
                     page, (it % TPP) * BLOCK_N, i_h, s_col, kw_ptr, kp_ptr, vw_ptr, vp_ptr, scale_ptr,
                     H, D, BITS, P, G_K, G_V, S, BLOCK_N, LK, LV, LS, PACKED, kr_ptr, KEY_PAGE, PAGE_PAIRS)  # fmt: skip

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 48, call C (repo root, carry [".bundle", "dist"]; right after the kernels.md regeneration on the same
+# held machine, or alone):
+# 1. the GPU tests of the page-grid variants at G_K 32 (session 47's default rule) and of the new
+#    dnp_r128fslwnpb (the page default with the next tile's lines prefetched into L2), against the torch reference;
+# 2. one request at 32K-131K, whole decode steps (tuning_ab.py: arm a the launcher's Triton step, arm b the
+#    Gluon stage 1 at 197 splits), interleaved repeats, outputs compared first: the INT2 default format
+#    (page G_K 16) with dnp_r128fslwnpb and dnp_r128fslwnpv, the paper format with dnp_r128fslwnkb, INT4 page pb.
+# Everything back as call_c.tgz, re-made after each part (a call cut short keeps what it made).
+set -u
+t0=$SECONDS
+source benches/results/kernels_gluon_s37/prelude.sh
+R=/tmp/call_c; mkdir -p "$R"
+pack() { tar czf "$OUT/call_c.tgz" -C /tmp call_c; }
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$R/card.txt"; cat "$R/card.txt"
+timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_decode_gluon.py \
+  -k "key_groups_of_32 or fslwnpb or fslwnkb" > "$R/gpu_tests.log" 2>&1
+echo "gpu tests rc $? at $((SECONDS - t0)) s"; tail -n 5 "$R/gpu_tests.log"; pack
+ab() {  # NAME, then tuning_ab.py's arguments
+  local name=$1; shift
+  if [ $((SECONDS - t0)) -gt ${UNTIL:-480} ]; then echo "$name: skipped at $((SECONDS - t0)) s"; return; fi
+  timeout ${AB_TIMEOUT:-150} python3 benches/kernels/tuning_ab.py "$@" --out "$R/$name" > "$R/$name.log" 2>&1
+  echo "$name rc $? at $((SECONDS - t0)) s"; grep "RESULT\|disagree\|Error" "$R/$name.log" | tail -n 12; pack
+}
+P=gluon=True,gluon_variant
+L=1x131072,1x65536,1x32768
+ab long_page_pb --formats page --shapes $L --bits 2 --b $P=dnp_r128fslwnpb,num_splits=197 --agree 1e-2
+ab long_page_pv --formats page --shapes $L --bits 2 --b $P=dnp_r128fslwnpv,num_splits=197 --agree 1e-2
+ab long_group_kb --formats group --shapes $L --bits 2 --b $P=dnp_r128fslwnkb,num_splits=197 --agree 1e-2
+ab long_page_pb_int4 --formats page --shapes $L --bits 4 --b $P=dnp_r128fslwnpb,num_splits=197 --agree 1e-2
+echo "call C done at $((SECONDS - t0)) s"
+pack; ls -la "$OUT"
