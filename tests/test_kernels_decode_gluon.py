@@ -456,6 +456,23 @@ def _check_g16_format_on_cuda(variant: str, bits: int, form: dict, block_n: int,
         assert rel_rms(out, tri) < _bound(variant, bits, 1e-3), f"{variant} splits={n} vs Triton: {rel_rms(out, tri):.2e}"
 
 
+@pytest.mark.skipif(gluon_decode.GLUON_IMPORT_ERROR is not None,
+                    reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
+@needs_interpreter
+@pytest.mark.parametrize("variant", ["dnp_r128fslwnpv", "dnp_r128fslwnpvh", "dnp_r128fslwnpxv", "dnp_r128fslwnpb"])
+def test_gluon_page_key_groups_of_32_run_right_on_the_cpu(variant):
+    """Page-grid key ranges at G_K 32 on 32-token tiles (one key group per tile; the default rule's
+    Gluon variants for them since session 47, and the next-tile L2 prefetch form): the numpy stand-in
+    against the reference and the Triton kernel, INT2 and INT4, three splits over sealed pages, a
+    mixed page and the open ones (the stand-in also checks every L2 prefetch address)."""
+    chk = _numpy_check_module()
+    for bits in (2, 4):
+        err, agree = chk.check(bits, 2, 4, 128, [300, 128, 5], {1}, "layer", 32, 3, bits + 70, variant,
+                               fmt={**_PAGE_FORMAT, "k_group": 32})
+        assert err < _bound(variant, bits, ATTN_BOUND_FP32_OUT), f"{variant} INT{bits} vs reference: {err:.2e}"
+        assert agree < _bound(variant, bits, 1e-3), f"{variant} INT{bits} vs Triton: relative RMS {agree:.2e}"
+
+
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits", [2, 4])
