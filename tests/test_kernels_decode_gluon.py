@@ -1201,14 +1201,17 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
                     reason=f"triton.experimental.gluon does not import here: {gluon_decode.GLUON_IMPORT_ERROR}")
 @needs_interpreter
 @pytest.mark.parametrize("bits,fmt,long_min,variant", [(2, None, 250, ""), (4, None, 1, ""), (2, "page", 250, ""),
-                                                       (4, None, 10**6, "dnp_r128fslwnkv")])
+                                                       (4, None, 10**6, "dnp_r128fslwnkv"),
+                                                       (2, "page", 250, "dnp_r128fslwnpb"),
+                                                       (2, None, 250, "dnp_r128fslwnkb")])
 def test_long_requests_take_a_gluon_launch_of_their_own_on_the_cpu(bits, fmt, long_min, variant):
     """``_DecodeTuning.long_gluon``: the launcher's step (its own code; the Gluon launch's source in
     the numpy stand-in, the Triton stage 1 and the merge in the interpreter) hands the requests of at
     least ``long_min`` tokens to a Gluon launch at another split count than the Triton one's, in one
     workspace: the long requests' outputs are the Gluon step's, the short ones' the Triton step's
     (1e-6: the merge's block is wider), the staged keys and values the Triton step's bits; every
-    request on either side (long_min 1 and 10**6), both formats, the default (lane) and plain forms."""
+    request on either side (long_min 1 and 10**6), both formats, the default (lane) and plain forms,
+    and the forms with the next tile's lines prefetched into L2 (kernels_s48)."""
     same, err_long, err_short, splits = _numpy_check_module().check_dual(
         bits, variant, long_min, fmt=INT2_FORMAT if fmt else None, lens=(300, 1000, 97, 64))
     assert same, "the dual step staged other bits than the Triton step's"

@@ -481,7 +481,10 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         GluonVariant("dnp_r128fslwnpv", **_LEAN_FUSED, page_pairs=True, l2_prefetch=1),
         GluonVariant("dnp_r128fslwnpxv", **_LEAN_FUSED, page_pairs=True, open_share=True, l2_prefetch=1),
         # session 48: the page default with the next tile's lines prefetched as well (b), the page-grid
-        # counterpart of dnp_r128fslwnkb for single long requests at 197 splits (kernels_s48)
+        # counterpart of dnp_r128fslwnkb for single long requests. H100, whole steps, one request, INT2, every
+        # length on it at 197 splits against the launcher's Triton step: 0.865x at 131072 tokens, 0.957x at
+        # 65536, 1.108x at 32768 (the lane form dnp_r128fslwnpvh, long_gluon's default: 0.915x / 1.029x /
+        # 1.155x; INT4 0.931x / 1.058x / 1.135x). Not timed as long_gluon's launch (kernels_s48)
         GluonVariant("dnp_r128fslwnpb", **_LEAN_FUSED, page_pairs=True, l2_prefetch=3),
         # session 42: single requests again, now that the separate merge reads only the non-empty
         # splits' rows (``merge_one_pass``, up to 256 partials): the paper default with at least 4 / 8
