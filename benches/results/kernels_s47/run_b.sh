@@ -13,12 +13,7 @@ t0=$SECONDS
 source benches/results/kernels_gluon_s37/prelude.sh
 R=/tmp/call_b; mkdir -p "$R"
 pack() { tar czf "$OUT/call_b.tgz" -C /tmp call_b; }
-ab() {  # NAME, then tuning_ab.py's arguments
-  local name=$1; shift
-  if [ $((SECONDS - t0)) -gt ${UNTIL:-480} ]; then echo "$name: skipped at $((SECONDS - t0)) s"; return; fi
-  timeout ${AB_TIMEOUT:-150} python3 benches/kernels/tuning_ab.py "$@" --out "$R/$name" > "$R/$name.log" 2>&1
-  echo "$name rc $? at $((SECONDS - t0)) s"; grep "RESULT\|disagree\|Error" "$R/$name.log" | tail -n 12; pack
-}
+source benches/kernels/ab_runs.sh  # ab NAME ARGS...: one tuning_ab.py run
 P=gluon=True,gluon_variant
 ab page32_8x32768 --formats page32 --shapes 8x32768 --bits 2,4 --b $P=dnp_r128fslwnpv,num_splits=32 --agree 1e-2
 ab base --formats group,page --shapes 8x32768,16x65536,32x8192 --bits 2,4 --b '' --repeats 1

@@ -16,12 +16,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$R/card
 timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_decode_gluon.py \
   -k "key_groups_of_32 or fslwnpb or fslwnkb" > "$R/gpu_tests.log" 2>&1
 echo "gpu tests rc $? at $((SECONDS - t0)) s"; tail -n 5 "$R/gpu_tests.log"; pack
-ab() {  # NAME, then tuning_ab.py's arguments
-  local name=$1; shift
-  if [ $((SECONDS - t0)) -gt ${UNTIL:-480} ]; then echo "$name: skipped at $((SECONDS - t0)) s"; return; fi
-  timeout ${AB_TIMEOUT:-150} python3 benches/kernels/tuning_ab.py "$@" --out "$R/$name" > "$R/$name.log" 2>&1
-  echo "$name rc $? at $((SECONDS - t0)) s"; grep "RESULT\|disagree\|Error" "$R/$name.log" | tail -n 12; pack
-}
+source benches/kernels/ab_runs.sh  # ab NAME ARGS...: one tuning_ab.py run
 P=gluon=True,gluon_variant
 L=1x131072,1x65536,1x32768
 ab long_page_pb --formats page --shapes $L --bits 2 --b $P=dnp_r128fslwnpb,num_splits=197 --agree 1e-2
