@@ -1295,18 +1295,22 @@ def test_single_requests_hand_long_ones_to_the_gluon_stage_1(monkeypatch):
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits,key_page", [(2, False), (4, False), (2, True), (4, True)])
-def test_long_gluon_step_equals_each_launch_alone(bits, key_page, nan_empty):
+@pytest.mark.parametrize("prefetch_next", [False, True])
+def test_long_gluon_step_equals_each_launch_alone(bits, key_page, prefetch_next, nan_empty):
     """``long_gluon`` on the GPU (the Gluon launch a programmatic dependent of the Triton one): the
     requests of at least 1000 tokens get the output of the Gluon step alone at the same split count,
     the others that of the Triton step alone (separate merge), both within 1e-6 (the merge's wider
-    block); the staged new tokens are the Triton step's bits (the padding request's token nowhere)."""
+    block); the staged new tokens are the Triton step's bits (the padding request's token nowhere).
+    With the default long variant, and (``prefetch_next``) with the format's form that prefetches the
+    next tile's lines into L2 (kernels_s48: the faster one timed alone)."""
     cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT) if key_page else OscarConfig(bits=bits, page_size=128)
     lens = (3000, 300, 1500, 999, 64)
-    dual = dict(long_gluon=1000, long_waves=24.0)
+    long_variant = ("dnp_r128fslwnpb" if key_page else "dnp_r128fslwnkb") if prefetch_next else ""
+    dual = dict(long_gluon=1000, long_waves=24.0, long_variant=long_variant)
     a, out_dual = _step_with_write(cfg, gluon=False, lens=lens, tune=dual)
     b, out_tri = _step_with_write(cfg, gluon=False, lens=lens, tune=dict(fused_merge=False))
-    variant = kdecode.gluon_lane_form(kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT,
-                                      kdecode.GLUON_LANE_FWHT_PAIRS)
+    variant = long_variant or kdecode.gluon_lane_form(
+        kdecode.GLUON_DEFAULT_PAGE_VARIANT if key_page else kdecode.GLUON_DEFAULT_VARIANT, kdecode.GLUON_LANE_FWHT_PAIRS)
     t = dataclasses.replace(kdecode._default_tuning(len(lens), 8, 128, 128), **dual)
     _, out_glu = _step_with_write(cfg, gluon=True, lens=lens, tune=dict(
         gluon_variant=variant, waves=24.0, resident=kdecode.GLUON_RESIDENT, fused_merge=False,
