@@ -11,6 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches" / "kernels"))
 bench_decode = pytest.importorskip("bench_decode")
+#: the kernel report as the last GPU run left it (benches/kernels/regenerate.sh)
+_STORED = Path(__file__).resolve().parents[1] / "benches" / "results"
 
 
 def _oscar(us: float, nowrite: float) -> dict:
@@ -113,6 +115,59 @@ def test_the_servers_int2_format_gets_its_own_target_rows_and_table():
     t = _table(res)
     assert t["INT2 decode in the server's default format vs SDPA BF16 at (8, 32768)"]["met"] is None
     assert "| 8 | 32768 | failed |" in bench_decode.markdown(res, bench_decode.summarize(res))
+
+
+def test_each_speed_target_is_set_against_the_loads_alone():
+    # INT2 100 us, its stream-only kernel 50 us: 5x SGLang (300 us) allows 60 us = 1.2x the bare loads,
+    # 4x SDPA (250 us) 62.5 us = 1.25x; INT4 120 us against 2.5x SDPA: 100 us = 1.67x its 60 us
+    res = _run(250.0, {"us": 250.0}, 1.2)
+    rows = bench_decode.summarize(res)
+    fl = bench_decode.floors_table(res, rows)
+    assert [(x["bits"], x["target"]) for x in fl] == [(2, "5x SGLang"), (2, "4x SDPA"), (4, "2.5x SDPA")]
+    assert [x["allowed_us"] for x in fl] == pytest.approx([60.0, 62.5, 100.0])
+    assert [x["allowed_over_stream"] for x in fl] == pytest.approx([1.2, 1.25, 100 / 60])
+    assert [x["met"] for x in fl] == [False, False, False]
+    assert fl[0]["step_over_stream"] == pytest.approx(2.0) and fl[0]["merge_launch_us"] == 3.0
+    # the step's bytes (1 TB/s x 100 us = 100 MB) at the run's copy bandwidth (4.2 TB/s)
+    assert fl[0]["copy_floor_us"] == pytest.approx(100 / 4.2)
+    md = bench_decode.markdown(res, rows)
+    assert "## What each speed target leaves for the math" in md
+    assert "| 8 | 32768 | 2 | 100.0 | 5x SGLang | 60.0 | no | 50.0 | 1.20 | 2.00 | 3.0 | 23.8 |" in md
+    assert "The 3 missed rows allow 1.20x - 1.67x the stream-only time (today's steps take 2.00x - 2.00x it). " \
+           "0 of them allow less than 1.2x" in md
+    # a met target reads "yes"; a run without the stream-only kernel gives "-" instead of a ratio
+    res = _run(500.0, {"us": 250.0}, 1.2)
+    del res["shapes"][0]["int4"]["stream_only"]
+    fl = {(x["bits"], x["target"]): x for x in bench_decode.floors_table(res, bench_decode.summarize(res))}
+    assert fl[2, "4x SDPA"]["met"] is True and fl[4, "2.5x SDPA"]["allowed_over_stream"] is None
+    assert "| 8 | 32768 | 4 | 120.0 | 2.5x SDPA | 200.0 | yes | - | - | - |" in bench_decode.markdown(
+        res, bench_decode.summarize(res))
+
+
+def test_the_stored_report_renders_again_from_its_json(tmp_path):
+    """``--report-from``: kernels.md again from the stored kernels.json, no GPU: the same target table
+    and the same "Where the time goes" section (from the ncu/ reports next to the JSON), the header
+    naming the rendering."""
+    stored = (_STORED / "kernels.md").read_text()
+    path = bench_decode.render_again(str(_STORED / "kernels.json"), str(tmp_path), "python3 x --report-from y")
+    text = Path(path).read_text()
+    assert "by `python3 x --report-from y` (no GPU): the same measurements in today's report." in text
+
+    def section(md: str, title: str) -> str:
+        return md.split(title, 1)[1].split("\n## ", 1)[0]
+
+    assert section(text, "## Targets (issue 14), this run") == section(stored, "## Targets (issue 14), this run")
+    assert section(text, "## Decode\n") == section(stored, "## Decode\n")
+    assert text.split("## Where the time goes", 1)[1] == stored.split("## Where the time goes", 1)[1]
+    assert "## What each speed target leaves for the math" in text
+
+
+def test_rendering_again_refuses_what_is_not_a_kernels_json(tmp_path):
+    bad = tmp_path / "seal.json"
+    bad.write_text('{"meta": {}, "rows": []}')
+    with pytest.raises(ValueError, match="not a kernels.json of bench_decode.py"):
+        bench_decode.render_again(str(bad), str(tmp_path), "x")
+    assert not (tmp_path / "kernels.md").exists()
 
 
 # ---- "Where the time goes" (benches/kernels/ncu_report.py) on Nsight Compute reports kept from GPU runs

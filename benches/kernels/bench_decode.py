@@ -1168,6 +1168,73 @@ def targets_table(res: dict, rows: list[dict]) -> list[dict]:
     return out
 
 
+def floors_table(res: dict, rows: list[dict]) -> list[dict]:
+    """Per decode row and speed target (issue 14): the step time the target allows against
+    what the same run measured for a kernel that does no math. 'stream-only' is stage 1's grid and
+    tiles loading exactly the sealed-page bytes (``stream_only``); the copy floor is the step's bytes
+    at the run's HBM copy bandwidth. ``allowed / stream-only`` is what the target leaves for everything
+    else a step does (dequantization, MMAs, softmax, the merge, the write, the launch) over the loads
+    alone: 1.10 means 10 % more than the bare loads take."""
+    copy = res.get("hbm_copy_TBps")
+    out = []
+    for r in rows:
+        targets = []
+        if r.get("target_vs_sdpa") and r.get("sdpa_us"):
+            targets.append((r["sdpa_us"] / r["target_vs_sdpa"], f"{r['target_vs_sdpa']:g}x SDPA"))
+        if r.get("target_vs_sglang") and r.get("sglang_us"):
+            targets.append((r["sglang_us"] / r["target_vs_sglang"], f"{r['target_vs_sglang']:g}x SGLang"))
+        stream = r.get("stream_only_us")
+        step_bytes = r["oscar_TBps"] * 1e12 * r["oscar_us"] * 1e-6 if r.get("oscar_TBps") else None
+        for allowed, name in sorted(targets):
+            out.append({
+                "batch": r["batch"], "ctx": r["ctx"], "bits": r["bits"], "step_us": r["oscar_us"], "target": name,
+                "allowed_us": allowed, "met": r["oscar_us"] <= allowed, "stream_only_us": stream,
+                "allowed_over_stream": allowed / stream if stream else None,
+                "step_over_stream": r["oscar_us"] / stream if stream else None,
+                "merge_launch_us": r.get("stage2_us"),
+                "copy_floor_us": step_bytes / (copy * 1e12) * 1e6 if step_bytes and copy else None,
+            })  # fmt: skip
+    return out
+
+
+def floors_markdown(res: dict, rows: list[dict]) -> list[str]:
+    """The section under the target table: each speed target against the bare loads' time."""
+    fl = floors_table(res, rows)
+    if not fl:
+        return []
+
+    def f(x, fmt=".1f"):
+        return "-" if x is None else format(x, fmt)
+
+    lines = ["", "## What each speed target leaves for the math", "",
+             "The step time each speed target allows (SDPA's / SGLang's time over the target ratio; a row per target), "
+             "against two floors of the same run for a step that did no math at all: 'stream-only', stage 1's grid "
+             "and tiles loading exactly the sealed-page bytes and nothing else (a Triton kernel: what this access "
+             "pattern gets out of HBM), and the step's bytes at the measured copy bandwidth. 'allowed / stream-only' "
+             "is what the target leaves above the bare loads for everything else the step does: dequantization, "
+             "MMAs, softmax, the merge, the write and the launch. The merge runs inside the default launch; as a launch "
+             "of its own ('stage 2') it takes the time in its column.", "",
+             "| B | ctx | bits | step us | target | step us it allows | met | stream-only us | "
+             "allowed / stream-only | step / stream-only (today) | merge as its own launch us | bytes at copy "
+             "bandwidth us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in fl:
+        lines.append(f"| {x['batch']} | {x['ctx']} | {x['bits']} | {x['step_us']:.1f} | {x['target']} | "
+                     f"{x['allowed_us']:.1f} | {'yes' if x['met'] else 'no'} | {f(x['stream_only_us'])} | "
+                     f"{f(x['allowed_over_stream'], '.2f')} | {f(x['step_over_stream'], '.2f')} | "
+                     f"{f(x['merge_launch_us'])} | {f(x['copy_floor_us'])} |")
+    missed = [x for x in fl if not x["met"] and x["allowed_over_stream"]]
+    if missed:
+        allow = [x["allowed_over_stream"] for x in missed]
+        today = [x["step_over_stream"] for x in missed]
+        tight = sum(a < 1.2 for a in allow)
+        lines += ["", f"The {len(missed)} missed rows allow {min(allow):.2f}x - {max(allow):.2f}x the stream-only time "
+                  f"(today's steps take {min(today):.2f}x - {max(today):.2f}x it). {tight} of them allow less than "
+                  "1.2x: there the step's math would have to hide almost wholly under loads that already run at this "
+                  "access pattern's bandwidth, or the loads would have to get closer to the copy floor."]
+    return lines
+
+
 def markdown(res: dict, rows: list[dict]) -> str:
     m = res["meta"]
     lines = [
@@ -1180,6 +1247,9 @@ def markdown(res: dict, rows: list[dict]) -> str:
         f"GPU {m['gpu']}, torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, python {m['python']}, "
         f"commit `{m['commit']}`{' (+ uncommitted kernel changes)' if m.get('dirty') else ''}, {m['date']}. "
         f"HBM copy bandwidth measured {res['hbm_copy_TBps']:.2f} TB/s (read + write).",
+        *(["", f"Rendered again on {m['rendered']['date']} at commit `{m['rendered']['commit']}` from this run's "
+               f"kernels.json by `{m['rendered']['command']}` (no GPU): the same measurements in today's report."]
+          if m.get("rendered") else []),
         "",
         "Times are medians of CUDA-graph replays (`triton.testing.do_bench`, quantiles 0.5/0.2/0.8), "
         "each replay streaming >= 4x L2 of distinct KV copies. OScaR = the one decode launch the backend runs "
@@ -1203,6 +1273,7 @@ def markdown(res: dict, rows: list[dict]) -> str:
         "|---|---|---|---|",
         *(f"| {t['measure']} | {t['measured']} | {t['target']} | "
           f"{'-' if t['met'] is None else ('yes' if t['met'] else 'no')} |" for t in targets_table(res, rows)),
+        *floors_markdown(res, rows),
         "",
         "## Decode",
         "",
@@ -1280,6 +1351,40 @@ def markdown(res: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_again(json_path: str, out_dir: str, command: str) -> str:
+    """kernels.md from a stored run's kernels.json (``--report-from``): the run's measurements in
+    today's report, its header naming when, at which commit and by which command it was rendered.
+    Where ``ncu/ncu_*.txt`` lie next to the JSON, their section is appended as regenerate.sh does."""
+    import glob
+    import subprocess
+
+    res = json.load(open(json_path))
+    if not isinstance(res, dict) or not res.get("shapes") or "meta" not in res:
+        raise ValueError(f"{json_path}: not a kernels.json of bench_decode.py (no meta / shapes)")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = os.environ.get("OSCAR_COMMIT", "unknown")
+    res["meta"]["rendered"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit, "command": command}
+    text = markdown(res, summarize(res))
+    reports = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(json_path)), "ncu", "ncu_*.txt")))
+    if reports:
+        import ncu_report
+
+        profiles = []
+        for r in reports:
+            try:
+                profiles.append(ncu_report.load(r))
+            except ncu_report.NcuReportError as exc:
+                print(f"bench_decode.py: skipped {exc}", file=sys.stderr)
+        if profiles:
+            text += "\n" + ncu_report.section(profiles, res)
+    path = os.path.join(out_dir, "kernels.md")
+    open(path, "w").write(text)
+    return path
+
+
 # Decode stage-1 sweep: (block_n, warps, stages, waves, maxnreg, transposed) around the launcher's
 # _default_tuning (block_n 0 = that default, measured as the backend runs it): more and fewer
 # programs per SM, 64-token tiles on two warps, and the plain form on the default tiles (the form
@@ -1314,6 +1419,7 @@ def _rows_mode(out: str, meta: dict, name: str, to_markdown, jobs: list) -> None
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--report-from", default="", metavar="KERNELS_JSON", help="no measurement and no GPU: write kernels.md to --out again from a stored run's kernels.json with today's report (and its 'Where the time goes' section from the ncu/ reports next to it, as regenerate.sh appends it)")
     ap.add_argument("--quick", action="store_true", help="the launchers' defaults only: the default decode launch (no stage-1 sweep) and two extend tilings (default, registers); benches/kernels/regenerate.sh runs this")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--variants", default="", help="bn:nw:ns:waves[:maxnreg[:transposed]],... (overrides the sweep; bn 0: the default)")
@@ -1338,6 +1444,10 @@ def main() -> None:
     ap.add_argument("--gluon-waves", default="", help="with --gluon: also time every variant at these programs-per-SM counts (comma-separated; their split counts), columns <variant>@w<W>")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.report_from:
+        path = render_again(args.report_from, args.out, " ".join(["python3", "benches/kernels/bench_decode.py", *sys.argv[1:]]))
+        print(f"bench_decode.py: wrote {path}")
+        return
     props = torch.cuda.get_device_properties(0)
     meta = {
         "gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
