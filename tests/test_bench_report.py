@@ -162,6 +162,20 @@ def test_the_stored_report_renders_again_from_its_json(tmp_path):
     assert "## What each speed target leaves for the math" in text
 
 
+def test_report_from_runs_as_the_readme_types_it_without_a_gpu(tmp_path):
+    """The README's command, on this machine (no GPU): the CLI reaches the rendering before any device
+    call."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "benches/kernels/bench_decode.py", "--report-from",
+                           "benches/results/kernels.json", "--out", str(tmp_path)], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = (tmp_path / "kernels.md").read_text()
+    assert "--report-from benches/results/kernels.json" in text and "## Where the time goes" in text
+
+
 def test_rendering_again_refuses_what_is_not_a_kernels_json(tmp_path):
     bad = tmp_path / "seal.json"
     bad.write_text('{"meta": {}, "rows": []}')
