@@ -431,7 +431,7 @@ def test_gluon_refuses_page_grid_key_ranges_where_a_variant_reads_fp16_pairs(nan
                                              f"over key groups of 16 need .*: dnp_r128fsw, dnp_r128fslw, dnp_r128fslwn, "
                                              f"dnp_r128fslwnp, dnp_r128fslwnpe, dnp_r128fslwnpx, dnp_r128fslwn64, "
                                              f"dnp_r144fslwn64, dnp_r168fslwn64, dnp_r128fslwnpv, dnp_r128fslwnpxv, dnp_r128fslwnpb, "
-                                             f"dnp_r128fslwnpvh, dnp_r128fslwnpxvh$"):
+                                             f"dnp_r128fslwnpbh, dnp_r128fslwnpvh, dnp_r128fslwnpxvh$"):
             _decode(pl, q, gluon=True, tune=dict(block_n=32, gluon_variant=variant))
     with pytest.raises(ValueError, match="block_n in \\(16, 32, 64\\) dividing k_group=8 \\(or twice it"):
         gluon_decode.check_gluon_shape(bits=2, head_dim=128, k_group=8, v_group=64, block_n=32, group=4)
@@ -1203,7 +1203,9 @@ def test_the_default_decode_picks_its_gluon_variant_and_split_count_by_waves(bit
 @pytest.mark.parametrize("bits,fmt,long_min,variant", [(2, None, 250, ""), (4, None, 1, ""), (2, "page", 250, ""),
                                                        (4, None, 10**6, "dnp_r128fslwnkv"),
                                                        (2, "page", 250, "dnp_r128fslwnpb"),
-                                                       (2, None, 250, "dnp_r128fslwnkb")])
+                                                       (2, None, 250, "dnp_r128fslwnkb"),
+                                                       (2, "page", 250, "dnp_r128fslwnpbh"),
+                                                       (4, None, 250, "dnp_r128fslwnkbh")])
 def test_long_requests_take_a_gluon_launch_of_their_own_on_the_cpu(bits, fmt, long_min, variant):
     """``_DecodeTuning.long_gluon``: the launcher's step (its own code; the Gluon launch's source in
     the numpy stand-in, the Triton stage 1 and the merge in the interpreter) hands the requests of at
@@ -1211,7 +1213,7 @@ def test_long_requests_take_a_gluon_launch_of_their_own_on_the_cpu(bits, fmt, lo
     workspace: the long requests' outputs are the Gluon step's, the short ones' the Triton step's
     (1e-6: the merge's block is wider), the staged keys and values the Triton step's bits; every
     request on either side (long_min 1 and 10**6), both formats, the default (lane) and plain forms,
-    and the forms with the next tile's lines prefetched into L2 (kernels_s48)."""
+    and the forms with the next tile's lines prefetched into L2 (kernels_s48), plain and lane (kernels_s49)."""
     same, err_long, err_short, splits = _numpy_check_module().check_dual(
         bits, variant, long_min, fmt=INT2_FORMAT if fmt else None, lens=(300, 1000, 97, 64))
     assert same, "the dual step staged other bits than the Triton step's"
@@ -1295,17 +1297,17 @@ def test_single_requests_hand_long_ones_to_the_gluon_stage_1(monkeypatch):
 @gpu
 @needs_gluon
 @pytest.mark.parametrize("bits,key_page", [(2, False), (4, False), (2, True), (4, True)])
-@pytest.mark.parametrize("prefetch_next", [False, True])
+@pytest.mark.parametrize("prefetch_next", ["", "b", "bh"])
 def test_long_gluon_step_equals_each_launch_alone(bits, key_page, prefetch_next, nan_empty):
     """``long_gluon`` on the GPU (the Gluon launch a programmatic dependent of the Triton one): the
     requests of at least 1000 tokens get the output of the Gluon step alone at the same split count,
     the others that of the Triton step alone (separate merge), both within 1e-6 (the merge's wider
     block); the staged new tokens are the Triton step's bits (the padding request's token nowhere).
     With the default long variant, and (``prefetch_next``) with the format's form that prefetches the
-    next tile's lines into L2 (kernels_s48: the faster one timed alone)."""
+    next tile's lines into L2 (kernels_s48: the faster one timed alone; "bh": its lane form, kernels_s49)."""
     cfg = _OscarConfig(bits=bits, page_size=128, **INT2_FORMAT) if key_page else OscarConfig(bits=bits, page_size=128)
     lens = (3000, 300, 1500, 999, 64)
-    long_variant = ("dnp_r128fslwnpb" if key_page else "dnp_r128fslwnkb") if prefetch_next else ""
+    long_variant = f"dnp_r128fslwn{'p' if key_page else 'k'}{prefetch_next}" if prefetch_next else ""
     dual = dict(long_gluon=1000, long_waves=24.0, long_variant=long_variant)
     a, out_dual = _step_with_write(cfg, gluon=False, lens=lens, tune=dual)
     b, out_tri = _step_with_write(cfg, gluon=False, lens=lens, tune=dict(fused_merge=False))

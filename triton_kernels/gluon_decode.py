@@ -486,6 +486,16 @@ GLUON_VARIANTS: dict[str, GluonVariant] = {
         # 65536, 1.108x at 32768 (the lane form dnp_r128fslwnpvh, long_gluon's default: 0.915x / 1.029x /
         # 1.155x; INT4 0.931x / 1.058x / 1.135x). Not timed as long_gluon's launch (kernels_s48)
         GluonVariant("dnp_r128fslwnpb", **_LEAN_FUSED, page_pairs=True, l2_prefetch=3),
+        # session 49: a single request's Gluon stage 1 spends ~14 us of its time at 197 splits in work that
+        # does not grow with the context (H100, session 47's call A: 13.7 us + 2.0 us per sealed tile of a
+        # program), and ~1,400 of a program's instructions outside the sealed-tile loop (ncu at (1, 2048)),
+        # half of them the query's rotation and the partial's inverse one. To time what that costs: the two
+        # next-tile prefetch forms with the lane butterflies (h: long_gluon's forms), and the paper one
+        # unfused (no f: the query rotation in the write's launch before it, the inverse rotation once per
+        # query head in the merge after it, so no program rotates anything). Not timed yet (kernels_s49)
+        GluonVariant("dnp_r128fslwnkbh", **_LEAN_FUSED, keys="mma", l2_prefetch=3, lane_fwht=True),
+        GluonVariant("dnp_r128fslwnpbh", **_LEAN_FUSED, page_pairs=True, l2_prefetch=3, lane_fwht=True),
+        GluonVariant("dnp_r128slwnkb", **{**_LEAN_FUSED, "fused": False}, keys="mma", l2_prefetch=3),
         # session 42: single requests again, now that the separate merge reads only the non-empty
         # splits' rows (``merge_one_pass``, up to 256 partials): the paper default with at least 4 / 8
         # sealed tiles per program on a one-wave grid of 255 splits (``--gluon-waves 15.5
