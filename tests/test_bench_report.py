@@ -174,6 +174,14 @@ def test_report_from_runs_as_the_readme_types_it_without_a_gpu(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     text = (tmp_path / "kernels.md").read_text()
     assert "--report-from benches/results/kernels.json" in text and "## Where the time goes" in text
+    # a file that is not a kernels.json: one line saying so, exit status 1, nothing written
+    bad = tmp_path / "extend.json"
+    bad.write_text('{"rows": []}')
+    done = subprocess.run([sys.executable, "benches/kernels/bench_decode.py", "--report-from", str(bad), "--out",
+                           str(tmp_path / "bad")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == f"bench_decode.py --report-from: {bad}: not a kernels.json of bench_decode.py (no meta / shapes)"
+    assert not (tmp_path / "bad" / "kernels.md").exists()
 
 
 def test_rendering_again_refuses_what_is_not_a_kernels_json(tmp_path):

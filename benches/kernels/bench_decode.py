@@ -1445,7 +1445,10 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.report_from:
-        path = render_again(args.report_from, args.out, " ".join(["python3", "benches/kernels/bench_decode.py", *sys.argv[1:]]))
+        try:
+            path = render_again(args.report_from, args.out, " ".join(["python3", "benches/kernels/bench_decode.py", *sys.argv[1:]]))
+        except (OSError, ValueError) as exc:  # a missing file, not JSON (json's error is a ValueError), not a kernels.json
+            raise SystemExit(f"bench_decode.py --report-from: {exc}") from None
         print(f"bench_decode.py: wrote {path}")
         return
     props = torch.cuda.get_device_properties(0)

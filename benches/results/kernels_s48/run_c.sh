@@ -8,15 +8,10 @@
 #    (page G_K 16) with dnp_r128fslwnpb and dnp_r128fslwnpv, the paper format with dnp_r128fslwnkb, INT4 page pb.
 # Everything back as call_c.tgz, re-made after each part (a call cut short keeps what it made).
 set -u
-t0=$SECONDS
+source benches/kernels/ab_runs.sh  # call_begin, gpu_tests, ab
+call_begin call_c  # t0 before the machine's setup, as the call's time limit counts it
 source benches/results/kernels_gluon_s37/prelude.sh
-R=/tmp/call_c; mkdir -p "$R"
-pack() { tar czf "$OUT/call_c.tgz" -C /tmp call_c; }
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$R/card.txt"; cat "$R/card.txt"
-timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_decode_gluon.py \
-  -k "key_groups_of_32 or fslwnpb or fslwnkb" > "$R/gpu_tests.log" 2>&1
-echo "gpu tests rc $? at $((SECONDS - t0)) s"; tail -n 5 "$R/gpu_tests.log"; pack
-source benches/kernels/ab_runs.sh  # ab NAME ARGS...: one tuning_ab.py run
+gpu_tests "key_groups_of_32 or fslwnpb or fslwnkb"
 P=gluon=True,gluon_variant
 L=1x131072,1x65536,1x32768
 ab long_page_pb --formats page --shapes $L --bits 2 --b $P=dnp_r128fslwnpb,num_splits=197 --agree 1e-2

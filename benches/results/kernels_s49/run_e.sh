@@ -12,15 +12,10 @@
 # 3. Per-kernel GPU times (step_kernels.py) of kb, kbh and slwnkb at 2K-131K: the fixed part and the per-tile slope.
 # Everything back as call_e.tgz, re-made after each part (a call cut short keeps what it made).
 set -u
-t0=$SECONDS
+source benches/kernels/ab_runs.sh  # call_begin, gpu_tests, ab
+call_begin call_e  # t0 before the machine's setup, as the call's time limit counts it
 source benches/results/kernels_gluon_s37/prelude.sh
-R=/tmp/call_e; mkdir -p "$R"
-pack() { tar czf "$OUT/call_e.tgz" -C /tmp call_e; }
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$R/card.txt"; cat "$R/card.txt"
-timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_decode_gluon.py \
-  -k "(variants_match_reference and (fslwnkbh or fslwnpbh or slwnkb)) or long_gluon_step_equals" > "$R/gpu_tests.log" 2>&1
-echo "gpu tests rc $? at $((SECONDS - t0)) s"; tail -n 5 "$R/gpu_tests.log"; pack
-source benches/kernels/ab_runs.sh  # ab NAME ARGS...: one tuning_ab.py run
+gpu_tests "(variants_match_reference and (fslwnkbh or fslwnpbh or slwnkb)) or long_gluon_step_equals"
 G=gluon=True,num_splits=197,gluon_variant
 L=1x131072,1x32768
 KB=$G=dnp_r128fslwnkb
