@@ -7,12 +7,17 @@ codes as e4m3 or int8) would halve the decode tile's MMAs: on Triton 3.6, e4m3 o
 and run as two fp16 ``HMMA.16816``, and ptxas makes the same of an e4m3 ``mma.sync`` written in PTX
 (sm_90 has e4m3 tensor cores only through ``wgmma``); int8 operands run as one ``IMMA.16832``.
 
-    PYTHONPATH=<triton 3.6> python benches/kernels/mma_operand_check.py
+    PYTHONPATH=<triton 3.6> python benches/kernels/mma_operand_check.py [--arch 89] [--json]
+
+(Compile it in a process of its own: Triton's CPU interpreter can leave its patches on ``tl.tensor``
+after a kernel run, and a Gluon compile in that process then fails; tests/test_mma_operand_check.py
+runs it as a subprocess for that reason.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import triton
@@ -110,7 +115,14 @@ def ptx_e4m3_lines(arch: int = 90) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (default 90)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead: {triton, arch, mma: {type: "
+                    "[SASS lines]}, ptx_e4m3: [SASS lines]}")
     args = ap.parse_args(argv)
+    if args.json:
+        print(json.dumps({"triton": triton.__version__, "arch": args.arch,
+                          "mma": {kind: mma_lines(kind, args.arch) for kind in TYPES},
+                          "ptx_e4m3": ptx_e4m3_lines(args.arch)}))
+        return 0
     print(f"triton {triton.__version__}, sm_{args.arch}: one m16n8 tile, one k-step of each operand type")
     for kind, (_, kd, *_rest) in TYPES.items():
         lines = mma_lines(kind, args.arch)
